@@ -1,0 +1,25 @@
+"""refusion_hf: ReFusion masked-diffusion LLMs as first-class Hugging Face Transformers models.
+
+Importing the package registers `RefusionConfig` with `AutoConfig` and `RefusionForCausalLM` with `AutoModel`
+and `AutoModelForCausalLM` (Dream / LLaDA users load diffusion LMs with `AutoModel`; they get the LM-head model
+with `generate()`).
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .generation import RefusionGenerationConfig, RefusionGenerationMixin, RefusionGenerationOutput
+from .modeling import RefusionConfig, RefusionForCausalLM
+
+AutoConfig.register(RefusionConfig.model_type, RefusionConfig, exist_ok=True)
+AutoModel.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
+AutoModelForCausalLM.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RefusionConfig",
+    "RefusionForCausalLM",
+    "RefusionGenerationConfig",
+    "RefusionGenerationMixin",
+    "RefusionGenerationOutput",
+]

@@ -1,0 +1,113 @@
+"""`refusion generate`: decode one prompt with ReFusion, streaming the answer, then the same prompt decoded
+autoregressively with the same weights, with forward passes, tokens per forward and tokens/s for both."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, TextStreamer
+
+DEFAULT_MODEL_RESOURCE = "assets/default_model"
+
+
+def default_model_path() -> Path:
+    """The small ReFusion model embedded in the package (used when `--model` is not given)."""
+    return Path(str(resources.files("refusion_hf").joinpath(DEFAULT_MODEL_RESOURCE)))
+
+
+def load_model_and_tokenizer(model: str | None, dtype: str = "float32"):
+    from ..modeling import RefusionForCausalLM
+
+    source = str(model) if model else str(default_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    loaded = RefusionForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+    return loaded.eval(), tokenizer
+
+
+def encode_prompt(tokenizer, prompt: str) -> torch.LongTensor:
+    """Token ids of `prompt`, through the tokenizer's chat template when it has one."""
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        return torch.tensor([list(ids)])
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("generate", help="decode a prompt with ReFusion and compare with AR decoding")
+    parser.add_argument("prompt", help="the user message (the chat template is applied when the model has one)")
+    parser.add_argument("--model", default=None, help="local folder or Hub id (default: the embedded model)")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--slot-size", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--slot-threshold", type=float, default=None)
+    parser.add_argument("--token-threshold", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
+    parser.set_defaults(func=run)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    names = ("max_new_tokens", "slot_size", "block_size", "slot_threshold", "token_threshold", "temperature")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def _timed_generate(model, input_ids, **kwargs):
+    start = time.perf_counter()
+    output = model.generate(input_ids, return_dict_in_generate=True, **kwargs)
+    return output, time.perf_counter() - start
+
+
+def _answer_length(tokens: torch.LongTensor, eos_ids: set[int], pad_token_id: int) -> int:
+    for index, token in enumerate(tokens.tolist()):
+        if token in eos_ids:
+            return index + 1
+    return int((tokens != pad_token_id).sum())
+
+
+def run(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
+    input_ids = encode_prompt(tokenizer, args.prompt)
+    overrides = _overrides(args)
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad_token_id = model.generation_config.pad_token_id
+
+    print("ReFusion:")
+    torch.manual_seed(args.seed)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    output, seconds = _timed_generate(model, input_ids, streamer=streamer, **overrides)
+    new_tokens = output.sequences[0, input_ids.shape[1] :]
+    length = _answer_length(new_tokens, eos_ids, pad_token_id)
+    print(
+        f"[refusion] {length} tokens, {output.num_forward_passes} forward passes, "
+        f"{float(output.tokens_per_forward[0]):.2f} tokens/forward, {length / seconds:.1f} tokens/s"
+    )
+    if args.no_compare:
+        return 0
+    print("\nAutoregressive (same weights):")
+    torch.manual_seed(args.seed)
+    ar_overrides = {k: v for k, v in overrides.items() if k in ("max_new_tokens", "temperature")}
+    ar_streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    start = time.perf_counter()
+    ar_sequences = model.generate(
+        input_ids,
+        decoding="autoregressive",
+        streamer=ar_streamer,
+        max_new_tokens=overrides.get("max_new_tokens", new_tokens.shape[0]),
+        **{k: v for k, v in ar_overrides.items() if k != "max_new_tokens"},
+    )
+    ar_seconds = time.perf_counter() - start
+    ar_length = _answer_length(ar_sequences[0, input_ids.shape[1] :], eos_ids, pad_token_id)
+    print(
+        f"[autoregressive] {ar_length} tokens, {ar_length} forward passes, 1.00 tokens/forward, "
+        f"{ar_length / ar_seconds:.1f} tokens/s"
+    )
+    return 0
