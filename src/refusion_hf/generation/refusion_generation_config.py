@@ -71,6 +71,13 @@ class RefusionGenerationConfig(GenerationConfig):
         upcast._original_object_hash = getattr(config, "_original_object_hash", None)
         return upcast
 
+    def to_dict(self) -> dict[str, Any]:
+        # A stock `GenerationConfig` reading a file marked `_from_model_config: true` ignores every field it does
+        # not know, i.e. all of ours: never write that marker, so generation_config.json reloads completely.
+        config_dict = super().to_dict()
+        config_dict.pop("_from_model_config", None)
+        return config_dict
+
     @classmethod
     def from_model_config(cls, model_config) -> RefusionGenerationConfig:
         # The stock implementation compares every field with a plain `GenerationConfig()`, which lacks ours.

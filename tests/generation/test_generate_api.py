@@ -1,0 +1,187 @@
+"""`generate()` keeps Hugging Face's conventions: arguments, configs, outputs, errors."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import GenerationConfig, Qwen3ForCausalLM
+
+from refusion_hf import RefusionConfig, RefusionForCausalLM, RefusionGenerationConfig, RefusionGenerationOutput
+
+PROMPT = torch.tensor([[32, 24, 53, 31, 52, 63, 5, 38]])
+KNOBS = dict(max_new_tokens=13, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
+EOS, PAD, MASK = 1, 0, 3
+
+
+def test_returns_prompt_plus_exactly_max_new_tokens(model64):
+    out = model64.generate(PROMPT, **KNOBS)  # 13 is not a multiple of 4: the canvas is 16, cut to 13
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.long
+    assert out.shape == (1, 8 + 13)
+    assert torch.equal(out[:, :8], PROMPT)
+    assert MASK not in out[0, 8:].tolist()
+
+
+def test_dict_output_fields(model64):
+    out = model64.generate(PROMPT, return_dict_in_generate=True, **KNOBS)
+    assert isinstance(out, RefusionGenerationOutput)
+    generated = out.sequences[0, 8:].tolist()
+    length = generated.index(EOS) + 1 if EOS in generated else len(generated)
+    assert out.num_forward_passes >= 2
+    assert math.isclose(float(out.tokens_per_forward[0]), length / out.num_forward_passes, rel_tol=1e-6)
+    steps = out.commit_step[0].tolist()
+    assert all(s >= 0 for s in steps[:length]) and all(s == -1 for s in steps[length:])
+    assert len(out.chosen_slots[0]) == max(steps) + 1  # one entry per planning step
+    for step, starts in enumerate(out.chosen_slots[0]):
+        assert starts == sorted(starts) and all(s % 4 == 0 for s in starts)
+        committed_here = [p for p, s in enumerate(steps) if s == step]
+        assert {p - p % 4 for p in committed_here} <= set(starts)
+
+
+def test_padding_after_eos(model64):
+    ids = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
+    out = model64.generate(ids, max_new_tokens=20, slot_size=1, slot_threshold=0.0, token_threshold=1.01)
+    assert out[0, 12:].tolist() == [EOS] + [PAD] * 19
+
+
+def test_custom_pad_and_eos_lists(model64):
+    ids = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
+    out = model64.generate(
+        ids,
+        max_new_tokens=6,
+        slot_size=1,
+        slot_threshold=0.0,
+        token_threshold=1.01,
+        eos_token_id=[EOS, 99],
+        pad_token_id=7,
+    )
+    assert out[0, 12:].tolist() == [EOS] + [7] * 5
+
+
+def test_thresholds_above_one_are_legal(model64):
+    out = model64.generate(
+        PROMPT, return_dict_in_generate=True, max_new_tokens=8, slot_size=2, slot_threshold=1.5, token_threshold=2.0
+    )
+    assert all(len(starts) == 1 for starts in out.chosen_slots[0]), "slot threshold > 1: one slot per step"
+
+
+def test_generation_config_round_trip(fixture_path, tmp_path):
+    model = RefusionForCausalLM.from_pretrained(fixture_path)
+    assert isinstance(model.generation_config, RefusionGenerationConfig)
+    model.generation_config.slot_size = 8
+    model.generation_config.token_threshold = 0.25
+    model.generation_config.block_size = 16
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "generation_config.json").read_text())
+    assert (saved["slot_size"], saved["token_threshold"], saved["block_size"]) == (8, 0.25, 16)
+    reloaded = RefusionForCausalLM.from_pretrained(tmp_path)
+    config = reloaded.generation_config
+    assert isinstance(config, RefusionGenerationConfig)
+    assert (config.slot_size, config.token_threshold, config.block_size, config.eos_token_id) == (8, 0.25, 16, 1)
+
+
+def test_plain_generation_config_is_upcast_without_losing_values(model64):
+    model64_config = model64.generation_config
+    try:
+        model64.generation_config = GenerationConfig(eos_token_id=1, pad_token_id=0, max_new_tokens=5)
+        assert isinstance(model64.generation_config, RefusionGenerationConfig)
+        assert model64.generation_config.max_new_tokens == 5
+        assert model64.generate(PROMPT, slot_size=1).shape == (1, 13)
+    finally:
+        model64.generation_config = model64_config
+
+
+def test_config_argument_and_overrides(model64):
+    config = RefusionGenerationConfig(max_new_tokens=12, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
+    by_config = model64.generate(PROMPT, generation_config=config)
+    by_kwargs = model64.generate(PROMPT, max_new_tokens=12, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
+    assert torch.equal(by_config, by_kwargs)
+    overridden = model64.generate(PROMPT, generation_config=config, max_new_tokens=6)
+    assert overridden.shape == (1, 14)
+    assert config.max_new_tokens == 12, "the caller's config object is not modified"
+    assert model64.generation_config.slot_size == 32, "nor is the model's"
+
+
+def test_sampling_is_reproducible_with_manual_seed(model64):
+    knobs = dict(KNOBS, temperature=1.0, max_new_tokens=32, token_threshold=0.0)
+    torch.manual_seed(0)
+    first = model64.generate(PROMPT, **knobs)
+    torch.manual_seed(0)
+    second = model64.generate(PROMPT, **knobs)
+    draws = set()
+    for seed in range(5):
+        torch.manual_seed(seed)
+        draws.add(tuple(model64.generate(PROMPT, **knobs)[0].tolist()))
+    assert torch.equal(first, second)
+    assert len(draws) > 1, "temperature > 0 samples"
+
+
+def test_autoregressive_fallback_is_stock_greedy_decoding(model64, fixture_path):
+    stock = Qwen3ForCausalLM.from_pretrained(fixture_path, dtype=torch.float64).eval()
+    ours = model64.generate(PROMPT, decoding="autoregressive", max_new_tokens=10)
+    theirs = stock.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    assert torch.equal(ours, theirs)
+
+
+def test_autoregressive_fallback_keeps_left_padding_semantics(model64):
+    ids = torch.tensor([[0, 0, 32, 24, 53], [61, 61, 33, 51, 20]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    batch = model64.generate(ids, attention_mask=mask, decoding="autoregressive", max_new_tokens=6)
+    alone = model64.generate(ids[:1, 2:], decoding="autoregressive", max_new_tokens=6)
+    assert torch.equal(batch[0, 5:], alone[0, 3:])
+
+
+def _tiny_model_without_special_tokens():
+    config = RefusionConfig(
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        mask_token_id=3,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return RefusionForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(slot_size=0), r"`slot_size` must be an integer >= 1"),
+        (dict(slot_size=4, block_size=6), r"`block_size` must be a positive multiple of `slot_size` \(4\)"),
+        (dict(slot_size=4, block_size=0), r"`block_size` must be a positive multiple"),
+        (dict(slot_threshold=float("nan")), r"`slot_threshold` must be a number >= 0"),
+        (dict(token_threshold=-0.1), r"`token_threshold` must be a number >= 0"),
+        (dict(max_new_tokens=0), r"`max_new_tokens` must be greater than 0"),
+        (dict(temperature=-1.0), r"`temperature` must be >= 0"),
+        (dict(decoding="beam"), r"`decoding` must be one of"),
+        (dict(max_new_tokens=600), r"needs \d+ positions, more than `max_position_embeddings` \(512\)"),
+        (dict(no_such_knob=1), r"does not use with ReFusion decoding: \['no_such_knob'\]"),
+    ],
+)
+def test_bad_arguments_name_the_argument(model64, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        model64.generate(PROMPT, **kwargs)
+
+
+def test_bad_inputs_name_the_argument(model64):
+    with pytest.raises(ValueError, match=r"contains the mask token \(id 3\)"):
+        model64.generate(torch.tensor([[5, 3, 6]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"right padding.*padding_side = 'left'"):
+        model64.generate(torch.tensor([[5, 6, 0]]), attention_mask=torch.tensor([[1, 1, 0]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"empty batch"):
+        model64.generate(torch.zeros(0, 4, dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"`attention_mask` has shape"):
+        model64.generate(PROMPT, attention_mask=torch.ones(1, 3), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"`streamer` follows one sequence"):
+        model64.generate(PROMPT.repeat(2, 1), streamer=object(), max_new_tokens=4)
+
+
+def test_missing_eos_is_reported():
+    model = _tiny_model_without_special_tokens()
+    with pytest.raises(ValueError, match=r"needs an EOS token: pass `eos_token_id=`"):
+        model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2)
+    assert model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2, eos_token_id=1).shape == (1, 6)
