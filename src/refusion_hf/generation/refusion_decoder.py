@@ -444,11 +444,17 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
 
 
 def decode_batch(
-    model, prompts: list[torch.LongTensor], settings: DecodingSettings, pad_token_id: int, on_step=None
+    model,
+    prompts: list[torch.LongTensor],
+    settings: DecodingSettings,
+    pad_token_id: int,
+    on_step=None,
+    forward=forward_queries,
 ) -> BatchDecodeResult:
     """Decode every prompt (unpadded 1-D tensors) with ReFusion; one forward per step serves all rows.
 
     `on_step(sequences)` is called after every forward with the list of `SequenceDecoder`s (for streaming).
+    `forward` runs one step's queries (`forward_queries`; benchmarks swap in alternative strategies).
     """
     device = prompts[0].device
     sequences = [SequenceDecoder(prompt, settings) for prompt in prompts]
@@ -457,7 +463,7 @@ def decode_batch(
     num_forward_passes = 0
     while active:
         queries = [sequences[row].query() for row in active]
-        logits = forward_queries(model, kv, queries, pad_token_id)
+        logits = forward(model, kv, queries, pad_token_id)
         num_forward_passes += 1
         context_width = max(q.num_context for q in queries)
         keep = []
