@@ -102,6 +102,17 @@ def test_config_argument_and_overrides(model64):
     assert model64.generation_config.slot_size == 32, "nor is the model's"
 
 
+def test_hf_positional_signature_and_autoregressive_only_arguments(model64):
+    config = RefusionGenerationConfig(max_new_tokens=12, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
+    assert torch.equal(model64.generate(PROMPT, config), model64.generate(input_ids=PROMPT, generation_config=config))
+    from transformers import LogitsProcessorList
+
+    with pytest.raises(ValueError, match=r"\['logits_processor'\] only apply to autoregressive decoding"):
+        model64.generate(PROMPT, logits_processor=LogitsProcessorList(), max_new_tokens=4)
+    out = model64.generate(PROMPT, logits_processor=LogitsProcessorList(), max_new_tokens=4, decoding="autoregressive")
+    assert out.shape == (1, 12)
+
+
 def test_sampling_is_reproducible_with_manual_seed(model64):
     knobs = dict(KNOBS, temperature=1.0, max_new_tokens=32, token_threshold=0.0)
     torch.manual_seed(0)

@@ -280,7 +280,8 @@ class SequenceDecoder:
             return self._finish_iteration(torch.arange(whole * k, device=self.device))
         # Not even the first slot: complete every chosen slot on its own, from its own verified prefix.
         chosen.verified = prefix_length(accepted).tolist()
-        self.pool = [slot for slot in self.pool if slot not in set(chosen.slots)]
+        in_infill = set(chosen.slots)
+        self.pool = [slot for slot in self.pool if slot not in in_infill]
         self.stage = Stage.INFILL_DRAFT
         return self._nothing()
 
@@ -329,7 +330,8 @@ class SequenceDecoder:
         self.canvas[index] = tokens
         self.committed[index] = True
         self.commit_step[index] = self.step
-        self.pool = [slot for slot in self.pool if slot not in set(slots)]
+        done = set(slots)
+        self.pool = [slot for slot in self.pool if slot not in done]
         eos = index[self._is_eos(tokens)]
         if eos.numel() > 0:
             first = int(eos.min())

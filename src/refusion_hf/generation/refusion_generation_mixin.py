@@ -29,23 +29,29 @@ class RefusionGenerationMixin:
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
+        inputs: torch.LongTensor | None = None,
         generation_config=None,
+        logits_processor=None,
+        stopping_criteria=None,
+        prefix_allowed_tokens_fn=None,
+        synced_gpus=None,
+        assistant_model=None,
         streamer=None,
         **kwargs,
     ):
         r"""
         Generate with ReFusion's slot-level plan-and-infill decoding (or, with `decoding="autoregressive"`,
-        ordinary left-to-right decoding with the same weights).
+        ordinary left-to-right decoding with the same weights). The signature is `GenerationMixin.generate`'s.
 
         Args:
-            input_ids (`torch.LongTensor` of shape `(batch_size, prompt_length)`): prompts, left-padded.
+            inputs / input_ids (`torch.LongTensor` of shape `(batch_size, prompt_length)`): prompts, left-padded.
             attention_mask (`torch.LongTensor` of the same shape, *optional*): 1 for prompt tokens, 0 for left
                 padding. Right padding is rejected.
             generation_config (`GenerationConfig`, *optional*): base parameters; defaults to the model's.
             streamer (`BaseStreamer`, *optional*): receives the prompt, then each piece of the answer as soon as
                 every position before it is final (`put`); if it has `put_draft`, also the current drafts.
+            logits_processor, stopping_criteria, prefix_allowed_tokens_fn, synced_gpus, assistant_model:
+                autoregressive decoding only (`decoding="autoregressive"`).
             kwargs: overrides of generation-config fields: `max_new_tokens`, `slot_size`, `block_size`,
                 `slot_threshold`, `token_threshold`, `temperature`, `mask_token_id`, `eos_token_id`,
                 `pad_token_id`, `return_dict_in_generate`, `decoding`.
@@ -55,8 +61,28 @@ class RefusionGenerationMixin:
             [`RefusionGenerationOutput`] when `return_dict_in_generate=True`.
         """
         config, unused = self._prepare_refusion_generation_config(generation_config, kwargs)
+        autoregressive_only = dict(
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+            synced_gpus=synced_gpus,
+            assistant_model=assistant_model,
+        )
         if config.decoding == "autoregressive":
-            return self._generate_autoregressive(input_ids, attention_mask, config, streamer, unused)
+            return super().generate(
+                inputs,
+                generation_config=self._autoregressive_config(config),
+                streamer=streamer,
+                **autoregressive_only,
+                **unused,
+            )
+        input_ids = unused.pop("input_ids", None) if inputs is None else inputs
+        attention_mask = unused.pop("attention_mask", None)
+        given = sorted(name for name, value in autoregressive_only.items() if value is not None)
+        if given:
+            raise ValueError(
+                f"{given} only apply to autoregressive decoding; pass `decoding='autoregressive'` to use them."
+            )
         if unused:
             raise ValueError(
                 f"generate() got arguments it does not use with ReFusion decoding: {sorted(unused)}. Decoding "
@@ -175,21 +201,20 @@ class RefusionGenerationMixin:
         prompts = [row[mask] for row, mask in zip(input_ids, attention_mask)]
         return prompts, settings, pad_token_id
 
-    def _generate_autoregressive(self, input_ids, attention_mask, config, streamer, model_kwargs):
-        """The baseline: stock left-to-right decoding with the same weights and the same config."""
-        # Stock generate gets a plain config without the ReFusion knobs.
-        config = GenerationConfig.from_dict(
+    @staticmethod
+    def _autoregressive_config(config: RefusionGenerationConfig) -> GenerationConfig:
+        """The baseline's config: a plain `GenerationConfig` (stock generate must not see ReFusion knobs);
+        `temperature > 0` means sampling there too, 0 means greedy."""
+        plain = GenerationConfig.from_dict(
             {key: value for key, value in config.to_dict().items() if key not in REFUSION_FIELDS}
         )
-        if config.temperature:
-            config.do_sample = True if config.do_sample is None else config.do_sample
+        if plain.temperature:
+            plain.do_sample = True if plain.do_sample is None else plain.do_sample
         else:
-            config.temperature, config.do_sample = None, False
-        if config.max_new_tokens is None and config.max_length is None:
-            config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-        return super().generate(
-            input_ids, attention_mask=attention_mask, generation_config=config, streamer=streamer, **model_kwargs
-        )
+            plain.temperature, plain.do_sample = None, False
+        if plain.max_new_tokens is None and plain.max_length is None:
+            plain.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+        return plain
 
 
 class _StreamForwarder:
