@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, TextStreamer
 
+from .trace_view import DecodeTrace, ansi_by_step, write_trace
+
 DEFAULT_MODEL_RESOURCE = "assets/default_model"
 
 
@@ -51,6 +53,8 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
+    parser.add_argument("--show-order", action="store_true", help="colour the answer by the step that wrote it")
+    parser.add_argument("--trace-out", default=None, help="draw the canvas per step into FILE (.png or .html)")
     parser.set_defaults(func=run)
 
 
@@ -80,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad_token_id = model.generation_config.pad_token_id
 
+    # Warm both decoders up (first calls pay one-off costs) so the tokens/s below compare like with like.
+    model.generate(input_ids, max_new_tokens=4, slot_size=2)
+    model.generate(input_ids, max_new_tokens=4, decoding="autoregressive")
+
     print("ReFusion:")
     torch.manual_seed(args.seed)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
@@ -90,6 +98,13 @@ def run(args: argparse.Namespace) -> int:
         f"[refusion] {length} tokens, {output.num_forward_passes} forward passes, "
         f"{float(output.tokens_per_forward[0]):.2f} tokens/forward, {length / seconds:.1f} tokens/s"
     )
+    if args.show_order or args.trace_out:
+        slot_size = overrides.get("slot_size", model.generation_config.slot_size)
+        trace = DecodeTrace.from_output(output, 0, input_ids.shape[1], tokenizer, slot_size)
+        if args.show_order:
+            print(ansi_by_step(trace))
+        if args.trace_out:
+            print(f"[refusion] decoding trace written to {write_trace(trace, args.trace_out)}")
     if args.no_compare:
         return 0
     print("\nAutoregressive (same weights):")

@@ -1,0 +1,56 @@
+"""`refusion generate`: streams the answer, prints the numbers, compares with AR, draws the decoding order."""
+
+import re
+
+import pytest
+
+from refusion_hf.cli import main
+
+ARGS = ["--max-new-tokens", "12", "--slot-size", "4", "--slot-threshold", "0.6", "--token-threshold", "0.3"]
+
+
+def test_generate_prints_refusion_and_autoregressive(fixture_path, capsys):
+    assert main(["generate", "t5 t6 t7 t8", "--model", str(fixture_path), *ARGS]) == 0
+    out = capsys.readouterr().out
+    refusion = re.search(r"\[refusion\] (\d+) tokens, (\d+) forward passes, ([\d.]+) tokens/forward, ([\d.]+) tok", out)
+    autoregressive = re.search(r"\[autoregressive\] (\d+) tokens, (\d+) forward passes", out)
+    assert refusion and autoregressive
+    tokens, passes, per_forward = int(refusion[1]), int(refusion[2]), float(refusion[3])
+    assert 1 <= tokens <= 12 and abs(per_forward - tokens / passes) < 0.01
+    assert int(autoregressive[1]) == int(autoregressive[2])
+
+
+def test_default_model_is_embedded(capsys):
+    assert main(["generate", "t5 t6", "--max-new-tokens", "4", "--slot-size", "2", "--no-compare"]) == 0
+    assert "[refusion]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suffix", [".png", ".html"])
+def test_show_order_and_trace_picture(fixture_path, tmp_path, capsys, suffix):
+    target = tmp_path / f"trace{suffix}"
+    args = ["generate", "t5 t6 t7 t8", "--model", str(fixture_path), *ARGS, "--no-compare", "--show-order"]
+    assert main([*args, "--trace-out", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "\033[" in out and "step 0" in out
+    data = target.read_bytes()
+    if suffix == ".png":
+        assert data.startswith(b"\x89PNG") and len(data) > 1000
+    else:
+        steps = len(re.findall(r"step \d+", out.split("\n")[-3]))
+        assert data.decode().count("<tr>") == steps >= 1
+
+
+def test_trace_out_rejects_other_formats(fixture_path, tmp_path):
+    with pytest.raises(ValueError, match=r"--trace-out must end in .html or .png"):
+        main(
+            [
+                "generate",
+                "t5",
+                "--model",
+                str(fixture_path),
+                *ARGS,
+                "--no-compare",
+                "--trace-out",
+                str(tmp_path / "t.svg"),
+            ]
+        )
