@@ -10,6 +10,7 @@ import sys
 # command name -> module that registers it
 COMMANDS = {
     "generate": "refusion_hf.generation.cli",
+    "eval": "refusion_hf.evaluation.cli",
 }
 
 

@@ -1,0 +1,214 @@
+"""`refusion eval`: accuracy and speed of ReFusion decoding against autoregressive decoding of the same weights.
+
+    refusion eval --suite synthetic --seed 1234 --limit 60 --json out.json
+
+Both decodings run in the same process on the same problems, alternating batch by batch; the markdown table goes to
+stdout and the full results (per-problem answers included) to `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+from .sandbox import ALLOW_ENV_VAR, code_execution_allowed
+from .suites import CODE_SUITES, SUITES, load_problems
+from .synthetic_tasks import FAMILIES
+
+EVAL_DEFAULT_MAX_NEW_TOKENS = 256
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _families(text: str) -> list[str]:
+    families = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [family for family in families if family not in FAMILIES]
+    if unknown or not families:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(FAMILIES)}, got {text!r}")
+    return families
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="accuracy and tokens/s of ReFusion vs autoregressive decoding of the same weights",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, help="local folder or Hub id (default: the embedded model)")
+    parser.add_argument("--suite", default="synthetic", choices=SUITES)
+    parser.add_argument(
+        "--data-file",
+        default=None,
+        help="gsm8k / mbpp: a local .jsonl/.json/.parquet/.csv with the Hub dataset's columns (needed offline)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="synthetic: which test problems are drawn; also the sampling seed"
+    )
+    parser.add_argument(
+        "--limit", type=_positive_int, default=None, help="number of problems (synthetic default 60; others: all)"
+    )
+    parser.add_argument(
+        "--families", type=_families, default=None, help=f"synthetic only: subset of {','.join(FAMILIES)}"
+    )
+    parser.add_argument(
+        "--split", choices=("test", "train"), default="test", help="synthetic only: which split to draw from"
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help=f"default: the model's generation config, else {EVAL_DEFAULT_MAX_NEW_TOKENS}",
+    )
+    parser.add_argument("--slot-size", type=_positive_int, default=None)
+    parser.add_argument("--block-size", type=_positive_int, default=None)
+    parser.add_argument("--slot-threshold", type=_non_negative_float, default=None)
+    parser.add_argument("--token-threshold", type=_non_negative_float, default=None)
+    parser.add_argument("--temperature", type=_non_negative_float, default=None, help="0 (default) is greedy")
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="prompts per generate call (left-padded)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    parser.add_argument(
+        "--num-threads",
+        type=_positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's); 1 avoids thread stalls of tiny models on a busy machine",
+    )
+    parser.add_argument(
+        "--allow-code-execution",
+        action="store_true",
+        help=f"run generated code (sandboxed) to score code problems; or set {ALLOW_ENV_VAR}=1. Without it, "
+        "--suite synthetic leaves out its code family and --suite humaneval/mbpp refuse to run",
+    )
+    parser.add_argument("--code-timeout", type=_non_negative_float, default=5.0, help="seconds per code problem")
+    parser.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the full results here")
+    parser.set_defaults(func=run)
+
+
+def _resolve_families(args: argparse.Namespace, allowed: bool) -> list[str] | None:
+    """The synthetic families to draw; without the code-execution opt-in the code family is left out (with a
+    notice), unless it was asked for explicitly, which is an error."""
+    if args.suite != "synthetic":
+        if args.families is not None or args.split != "test":
+            raise SystemExit("refusion eval: error: --families and --split apply to --suite synthetic only.")
+        return None
+    families = list(args.families or FAMILIES)
+    if "code" in families and not allowed:
+        if args.families is not None:
+            raise SystemExit(
+                "refusion eval: error: --families includes 'code', whose answers are checked by executing them: "
+                f"pass --allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs sandboxed)."
+            )
+        families.remove("code")
+        print(
+            f"note: the 'code' family is left out: scoring it executes generated code; pass --allow-code-execution "
+            f"or set {ALLOW_ENV_VAR}=1 to include it (sandboxed).",
+            file=sys.stderr,
+        )
+    return families
+
+
+def _progress(done: int, total: int) -> None:
+    print(
+        f"\r[eval] {done}/{total} problems decoded with both decodings",
+        end="\n" if done == total else "",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation.cli import default_model_path, load_model_and_tokenizer
+    from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
+    from .harness import EvalSettings, evaluate_decodings, markdown_table
+
+    allowed = code_execution_allowed(args.allow_code_execution)
+    if args.suite in CODE_SUITES and not allowed:
+        raise SystemExit(
+            f"refusion eval: error: --suite {args.suite} is scored by executing the generated code: pass "
+            f"--allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs in a sandboxed subprocess with a "
+            "timeout, a memory limit, no network and a temporary directory)."
+        )
+    if args.data_file is not None and args.suite not in ("gsm8k", "mbpp"):
+        raise SystemExit(f"refusion eval: error: --data-file is for --suite gsm8k or mbpp, not {args.suite}.")
+    if args.code_timeout <= 0:
+        raise SystemExit("refusion eval: error: --code-timeout must be > 0 seconds.")
+    families = _resolve_families(args, allowed)
+    try:
+        problems = load_problems(args.suite, args.limit, args.seed, args.data_file, families, args.split)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"refusion eval: error: {error}") from error
+
+    import torch
+
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
+    generation_config = RefusionGenerationConfig.from_generation_config(model.generation_config)
+    max_new_tokens = args.max_new_tokens or generation_config.max_new_tokens or EVAL_DEFAULT_MAX_NEW_TOKENS
+    settings = EvalSettings(
+        max_new_tokens=int(max_new_tokens),
+        batch_size=args.batch_size,
+        seed=args.seed,
+        temperature=args.temperature,
+        slot_size=args.slot_size,
+        block_size=args.block_size,
+        slot_threshold=args.slot_threshold,
+        token_threshold=args.token_threshold,
+        allow_code_execution=allowed,
+        code_timeout=args.code_timeout,
+    )
+    check = copy.deepcopy(generation_config)
+    try:
+        check.update(**settings.refusion_kwargs())
+        check.validate()
+    except ValueError as error:
+        raise SystemExit(f"refusion eval: error: bad decoding setting: {error}") from error
+    results = evaluate_decodings(
+        model, tokenizer, problems, settings, progress=_progress if sys.stderr.isatty() else None
+    )
+    resolved = {name: getattr(generation_config, name) for name in REFUSION_FIELDS if name != "decoding"}
+    resolved.update({k: v for k, v in settings.refusion_kwargs().items() if k in resolved})
+    if resolved.get("mask_token_id") is None:
+        resolved["mask_token_id"] = getattr(model.config, "mask_token_id", None)
+    results["settings"].update(
+        {
+            "model": str(args.model) if args.model else str(default_model_path()),
+            "suite": args.suite,
+            "split": args.split if args.suite == "synthetic" else None,
+            "families": families,
+            "limit": args.limit,
+            "num_problems": len(problems),
+            "data_file": args.data_file,
+            "dtype": args.dtype,
+            "torch_threads": torch.get_num_threads(),
+            "refusion_decoding": resolved,
+        }
+    )
+    print(markdown_table(results))
+    if args.json_out:
+        path = Path(args.json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"results written to {path}")
+    return 0

@@ -1,0 +1,209 @@
+"""`refusion eval` end to end on the tiny fixture checkpoint (random weights: accuracy is ~0, so the checks are on
+structure and on numbers that must agree with each other)."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from refusion_hf.evaluation.cli import register
+
+TINY = str(Path(__file__).resolve().parents[1] / "data" / "tiny-qwen3-refusion")
+FAST = ["--model", TINY, "--max-new-tokens", "8", "--slot-size", "4"]
+
+
+def main(argv):
+    """`refusion_hf.cli.main` restricted to the eval command (the real dispatcher also imports every other command;
+    `test_the_console_command_...` goes through it)."""
+    parser = argparse.ArgumentParser(prog="refusion")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+
+
+def run_eval(tmp_path, *args):
+    out = tmp_path / "out.json"
+    assert main(["eval", *FAST, *args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def check_consistent(results, num_problems, max_new_tokens=8):
+    for decoding in ("refusion", "autoregressive"):
+        r = results[decoding]
+        assert set(r) >= {"accuracy", "tokens_per_second", "tokens_per_forward", "num_forward_passes"}
+        assert r["num_problems"] == r["num_sequences"] == num_problems
+        flags = [entry[decoding]["correct"] for entry in results["problems"]]
+        assert r["num_correct"] == sum(flags)
+        assert r["accuracy"] == pytest.approx(sum(flags) / num_problems)
+        assert sum(f["num_problems"] for f in r["per_family"].values()) == num_problems
+        tokens = [entry[decoding]["num_tokens"] for entry in results["problems"]]
+        assert r["num_tokens"] == sum(tokens)
+        assert all(1 <= t <= max_new_tokens for t in tokens)
+        assert r["tokens_per_second"] > 0 and r["seconds"] > 0
+        assert 1.0 <= r["tokens_per_forward"] <= max_new_tokens
+        assert 1 <= r["num_forward_passes"] <= r["num_tokens"]
+    assert results["autoregressive"]["tokens_per_forward"] == 1.0
+    assert results["speedup"] == pytest.approx(
+        results["refusion"]["tokens_per_second"] / results["autoregressive"]["tokens_per_second"]
+    )
+    assert len(results["problems"]) == results["settings"]["num_problems"] == num_problems
+
+
+def test_synthetic_end_to_end_with_code_execution(tmp_path, capsys):
+    results = run_eval(tmp_path, "--seed", "5", "--limit", "5", "--batch-size", "2", "--allow-code-execution")
+    check_consistent(results, 5)
+    settings = results["settings"]
+    assert settings["suite"] == "synthetic" and settings["seed"] == 5 and settings["batch_size"] == 2
+    assert settings["families"] == ["arithmetic", "code", "listing"]
+    assert settings["max_new_tokens"] == 8
+    assert settings["refusion_decoding"]["slot_size"] == 4
+    assert settings["refusion_decoding"]["mask_token_id"] == 3
+    assert settings["allow_code_execution"] is True
+    assert settings["torch_threads"] == 1  # the package fixture's setting, recorded
+    families = [entry["family"] for entry in results["problems"]]
+    assert families == ["arithmetic", "code", "listing", "arithmetic", "code"]
+    code = [entry for entry in results["problems"] if entry["family"] == "code"]
+    assert all(entry["refusion"]["detail"].startswith("failed") for entry in code)  # noise does not pass asserts
+    printed = capsys.readouterr().out
+    assert "| decoding | accuracy | tokens/s | tokens/forward |" in printed
+    assert "| refusion |" in printed and "| autoregressive |" in printed
+
+
+def test_the_seed_changes_the_problems_drawn(tmp_path):
+    first = run_eval(tmp_path, "--seed", "1", "--limit", "2")
+    second = run_eval(tmp_path, "--seed", "2", "--limit", "2")
+    again = run_eval(tmp_path, "--seed", "1", "--limit", "2")
+    prompts = [[entry["prompt"] for entry in r["problems"]] for r in (first, second, again)]
+    assert prompts[0] != prompts[1]
+    assert prompts[0] == prompts[2]
+    # greedy decoding of the same problems gives the same answers
+    assert [e["refusion"]["answer"] for e in first["problems"]] == [e["refusion"]["answer"] for e in again["problems"]]
+
+
+def test_without_opt_in_the_code_family_is_left_out(tmp_path, capsys):
+    results = run_eval(tmp_path, "--limit", "4")
+    check_consistent(results, 4)
+    assert results["settings"]["families"] == ["arithmetic", "listing"]
+    assert {entry["family"] for entry in results["problems"]} == {"arithmetic", "listing"}
+    assert "--allow-code-execution" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suite", ["humaneval", "mbpp"])
+def test_code_suites_refuse_without_opt_in(suite):
+    with pytest.raises(SystemExit) as raised:
+        main(["eval", "--suite", suite, "--model", TINY])
+    assert "--allow-code-execution" in str(raised.value.code) and "HF_ALLOW_CODE_EVAL=1" in str(raised.value.code)
+
+
+def test_explicit_code_family_without_opt_in_is_an_error():
+    with pytest.raises(SystemExit) as raised:
+        main(["eval", "--families", "code,listing", "--model", TINY])
+    assert "--allow-code-execution" in str(raised.value.code)
+
+
+def test_gsm8k_offline_without_data_file_says_what_to_pass():
+    with pytest.raises(SystemExit) as raised:
+        main(["eval", "--suite", "gsm8k", "--model", TINY])
+    assert "--data-file" in str(raised.value.code) and "offline" in str(raised.value.code)
+
+
+def test_gsm8k_from_a_local_file(tmp_path):
+    data = tmp_path / "gsm8k_test.jsonl"
+    rows = [
+        {"question": "Tom has 3 apples and buys 2. How many?", "answer": "3 + 2 = 5\n#### 5"},
+        {"question": "Sue has 10 pens and loses 4. How many?", "answer": "10 - 4 = 6\n#### 6"},
+        {"question": "unused third row", "answer": "#### 1"},
+    ]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    try:
+        results = run_eval(tmp_path, "--suite", "gsm8k", "--data-file", str(data), "--limit", "2", "--num-threads", "2")
+    finally:
+        torch.set_num_threads(1)
+    check_consistent(results, 2)
+    assert results["settings"]["torch_threads"] == 2
+    assert [entry["prompt"] for entry in results["problems"]] == [rows[0]["question"], rows[1]["question"]]
+    assert results["refusion"]["per_family"]["arithmetic"]["num_problems"] == 2
+    assert results["settings"]["data_file"] == str(data)
+
+
+def test_mbpp_from_a_local_file(tmp_path):
+    data = tmp_path / "mbpp.jsonl"
+    row = {
+        "task_id": 11,
+        "text": "Write a function to add two numbers.",
+        "code": "def add(a, b):\n    return a + b",
+        "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+        "test_setup_code": "",
+    }
+    data.write_text(json.dumps(row) + "\n")
+    results = run_eval(tmp_path, "--suite", "mbpp", "--data-file", str(data), "--allow-code-execution")
+    check_consistent(results, 1)
+    entry = results["problems"][0]
+    assert entry["id"] == "mbpp/11"
+    assert "assert add(1, 2) == 3" in entry["prompt"] and entry["reference"].startswith("assert add(1, 2) == 3")
+
+
+def test_humaneval_from_the_installed_package(tmp_path):
+    results = run_eval(tmp_path, "--suite", "humaneval", "--limit", "1", "--allow-code-execution")
+    check_consistent(results, 1)
+    entry = results["problems"][0]
+    assert entry["id"] == "HumanEval/0" and "check(has_close_elements)" in entry["reference"]
+    assert entry["refusion"]["correct"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--limit", "0"], "--limit: expected an integer >= 1"),
+        (["--batch-size", "-2"], "--batch-size: expected an integer >= 1"),
+        (["--slot-threshold", "-1"], "--slot-threshold: expected a number >= 0"),
+        (["--families", "poems"], "--families: expected a comma-separated subset"),
+        (["--suite", "squad"], "--suite: invalid choice"),
+    ],
+)
+def test_bad_arguments_name_the_option(args, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["eval", *args])
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data-file", "x.jsonl"], "--data-file is for --suite gsm8k or mbpp"),
+        (["--suite", "gsm8k", "--data-file", "/nonexistent/gsm8k.jsonl"], "does not exist"),
+        (["--suite", "gsm8k", "--data-file", __file__], "unsupported file type '.py'"),
+        (["--suite", "gsm8k", "--families", "listing"], "apply to --suite synthetic only"),
+        (["--slot-size", "4", "--block-size", "6"], "`block_size` must be a positive multiple of `slot_size`"),
+    ],
+)
+def test_bad_combinations_are_explained(args, message):
+    with pytest.raises(SystemExit) as raised:
+        main(["eval", "--model", TINY, *args])
+    assert message in str(raised.value.code)
+
+
+def test_the_console_command_refuses_code_suites_without_opt_in():
+    env = {k: v for k, v in os.environ.items() if k != "HF_ALLOW_CODE_EVAL"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "refusion_hf.cli", "eval", "--suite", "humaneval", "--limit", "1"],
+        capture_output=True,
+        text=True,
+        env={**env, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
+    assert completed.returncode == 1
+    assert "--allow-code-execution" in completed.stderr

@@ -1,0 +1,156 @@
+import json
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refusion_hf.evaluation.extraction import extract_numeric_answer, normalize_listing
+from refusion_hf.evaluation.synthetic_tasks import (
+    FAMILIES,
+    SyntheticProblem,
+    generate_problem,
+    generate_problems,
+    is_test_key,
+    write_jsonl,
+)
+
+seeds = st.integers(min_value=-(2**40), max_value=2**40)
+indices = st.integers(min_value=0, max_value=10_000)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(split=st.sampled_from(["train", "test"]), seed=seeds, index=indices)
+def test_a_problem_is_a_pure_function_of_split_seed_and_index(split, seed, index):
+    first = generate_problem(split, seed, index)
+    again = generate_problem(split, seed, index)
+    assert first == again
+    assert first.family == FAMILIES[index % len(FAMILIES)]
+    # its position in a list does not matter either
+    assert generate_problems(split, 1, seed, start=index)[0] == first
+
+
+@settings(max_examples=40, deadline=None)
+@given(train_seed=seeds, test_seed=seeds, index=indices)
+def test_a_test_problem_is_never_a_training_problem(train_seed, test_seed, index):
+    test_problem = generate_problem("test", test_seed, index)
+    train_problem = generate_problem("train", train_seed, index)
+    assert is_test_key(test_problem.split_key)
+    assert not is_test_key(train_problem.split_key)
+    assert test_problem.prompt != train_problem.prompt
+
+
+def test_train_and_test_sets_are_disjoint_in_bulk():
+    train = generate_problems("train", 3000, seed=0) + generate_problems("train", 1500, seed=1)
+    test = generate_problems("test", 600, seed=0) + generate_problems("test", 600, seed=12345)
+    train_prompts, test_prompts = {p.prompt for p in train}, {p.prompt for p in test}
+    train_keys, test_keys = {p.split_key for p in train}, {p.split_key for p in test}
+    assert not train_prompts & test_prompts
+    assert not train_keys & test_keys
+    # code problems are split by function identity (description, name, constant), not just by prompt text
+    code_keys = {p.split_key for p in train if p.family == "code"}
+    assert all(key.startswith("code|") for key in code_keys)
+    assert not {p.split_key for p in test if p.family == "code"} & code_keys
+    # the test split is a sizeable, varied set
+    assert len(test_prompts) > 1100
+
+
+def test_the_seed_changes_the_problems_and_the_families_are_balanced():
+    a = generate_problems("test", 30, seed=1)
+    b = generate_problems("test", 30, seed=2)
+    assert [p.prompt for p in a] != [p.prompt for p in b]
+    assert len({p.prompt for p in a} & {p.prompt for p in b}) < 5
+    assert [p.family for p in a].count("code") == 10
+    only = generate_problems("test", 6, seed=1, families=["listing"])
+    assert {p.family for p in only} == {"listing"}
+
+
+def _check_arithmetic(problem: SyntheticProblem) -> None:
+    # every equation in the worked answer is right, each step uses the previous result, and #### is the target
+    equations = re.findall(r"(\d+) ([+\-*]) (\d+) = (\d+)", problem.answer)
+    assert len(equations) >= 2
+    for left, op, right, result in equations:
+        value = {"+": int(left) + int(right), "-": int(left) - int(right), "*": int(left) * int(right)}[op]
+        assert value == int(result), problem.answer
+    assert int(equations[-1][3]) == int(problem.target)
+    assert extract_numeric_answer(problem.answer, mode="strict") == problem.target
+    assert int(problem.target) >= 0
+    assert problem.prompt.endswith("have now?")
+
+
+def _check_code(problem: SyntheticProblem) -> None:
+    # the reference solution passes the hidden tests (trusted code: our own template output)
+    namespace: dict = {}
+    exec(problem.answer + "\n" + problem.target, namespace)
+    assert problem.entry_point in namespace
+    assert problem.target.count("assert ") == 4
+    assert problem.visible_tests[0] in problem.target
+    assert problem.visible_tests[0].removeprefix("assert ") in problem.prompt
+    # a wrong solution fails them
+    wrong = problem.answer.replace("return ", "return None and ")
+    with pytest.raises(AssertionError):
+        exec(wrong + "\n" + problem.target, {})
+
+
+def _check_listing(problem: SyntheticProblem) -> None:
+    lines = normalize_listing(problem.answer)
+    assert 3 <= len(lines) <= 5
+    assert problem.target == problem.answer
+    if problem.prompt.startswith("For the numbers"):
+        numbers = re.match(r"For the numbers ([\d, ]+?), (add|multiply|subtract)", problem.prompt).group(1)
+        assert [line.split()[0] for line in lines] == numbers.split(", ")
+        for line in lines:
+            n, word, c, _is, r = line.split()
+            expected = {"plus": int(n) + int(c), "times": int(n) * int(c), "minus": int(n) - int(c)}[word]
+            assert int(r) == expected
+    else:
+        for line in lines:
+            key, value = line.split(": ")
+            assert f"{key} {value}" in problem.prompt
+
+
+def test_reference_answers_are_correct_and_short():
+    for problem in generate_problems("test", 60, seed=7) + generate_problems("train", 60, seed=7):
+        {"arithmetic": _check_arithmetic, "code": _check_code, "listing": _check_listing}[problem.family](problem)
+        # short enough for a small model trained on a CPU (whitespace words as a proxy for tokens)
+        assert len(problem.prompt.split()) <= 60
+        assert 4 <= len(problem.answer.split()) <= 60
+        assert problem.messages == [{"role": "user", "content": problem.prompt}]
+
+
+def test_write_jsonl_writes_training_records(tmp_path):
+    path = write_jsonl(tmp_path / "sub" / "train.jsonl", "train", 9, seed=3)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    expected = generate_problems("train", 9, seed=3)
+    assert len(records) == 9
+    for record, problem in zip(records, expected):
+        assert record == {
+            "messages": [
+                {"role": "user", "content": problem.prompt},
+                {"role": "assistant", "content": problem.answer},
+            ]
+        }
+    query = write_jsonl(tmp_path / "q.jsonl", "test", 3, seed=3, record_format="query")
+    rows = [json.loads(line) for line in query.read_text().splitlines()]
+    assert rows == [{"query": p.prompt, "response": p.answer} for p in generate_problems("test", 3, seed=3)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"split": "validation", "seed": 0, "index": 0}, "`split` must be one of"),
+        ({"split": "test", "seed": 0, "index": -1}, "`index` must be >= 0"),
+        ({"split": "test", "seed": "0", "index": 0}, "`seed` and `index` must be integers"),
+        ({"split": "test", "seed": 0, "index": 0, "families": ["poetry"]}, "`families` must be a non-empty subset"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate_problem(**kwargs)
+
+
+def test_bad_write_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="`record_format` must be"):
+        write_jsonl(tmp_path / "x.jsonl", "train", 2, 0, record_format="chatml")
+    with pytest.raises(ValueError, match="`n` must be an integer >= 0"):
+        generate_problems("train", -1, 0)
