@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .generation import RefusionGenerationConfig, RefusionGenerationMixin, RefusionGenerationOutput
 from .modeling import RefusionConfig, RefusionForCausalLM
+from .training import RefusionDataCollator
 
 AutoConfig.register(RefusionConfig.model_type, RefusionConfig, exist_ok=True)
 AutoModel.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "RefusionConfig",
+    "RefusionDataCollator",
     "RefusionForCausalLM",
     "RefusionGenerationConfig",
     "RefusionGenerationMixin",

@@ -11,6 +11,8 @@ import sys
 COMMANDS = {
     "generate": "refusion_hf.generation.cli",
     "eval": "refusion_hf.evaluation.cli",
+    "train": "refusion_hf.training.train_cli",
+    "convert": "refusion_hf.training.convert",
 }
 
 

@@ -1,0 +1,29 @@
+"""ReFusion training: the slot-permutation data collator, SFT data loading, a `Trainer` that logs both loss parts,
+and checkpoint conversion. The loss itself lives with the model (`modeling/refusion_loss.py`) so that exported
+remote-code models train too.
+
+`RefusionTrainer` / `RefusionEpochCallback` are imported on first use (importing `transformers.Trainer` costs
+time that `import refusion_hf` for inference should not pay)."""
+
+from .collator import RefusionDataCollator
+from .data import DataFormatError, RefusionSFTDataset, load_sft_dataset
+
+_LAZY = {"RefusionTrainer", "RefusionEpochCallback"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DataFormatError",
+    "RefusionDataCollator",
+    "RefusionEpochCallback",
+    "RefusionSFTDataset",
+    "RefusionTrainer",
+    "load_sft_dataset",
+]

@@ -1,0 +1,105 @@
+"""`RefusionTrainer`: the stock `Trainer` with the few things ReFusion training needs.
+
+What it adds, and nothing else (the training loop, `accelerate`, PEFT, gradient checkpointing, checkpointing and
+resuming are the stock ones):
+
+* the two parts of the loss (`ar_loss`, `mdm_loss`, averaged like `loss` over the micro-batches since the last
+  log, and over processes) are logged next to `loss`, so they reach the progress display, every reporting
+  integration and `trainer_state.json`. A subclass is needed for that: callbacks never see the model's outputs,
+  and by the time `on_log` runs the log line is already in `log_history`;
+* the loss is a per-micro-batch mean (the authors' normalisation): `num_items_in_batch` is never passed to the
+  model and the Trainer divides by the gradient-accumulation steps itself (`loss_is_scaled_for_ga = False`);
+* `prompt_length` is kept when `remove_unused_columns` prunes dataset columns (the collator needs it);
+* the collator's epoch follows the training loop (`RefusionEpochCallback`), so seeded draws differ per epoch and a
+  resumed run draws exactly what the uninterrupted run drew;
+* `data_collator` defaults to a `RefusionDataCollator` over `processing_class` and the model's mask token, seeded
+  with `args.data_seed` (or `args.seed`);
+* label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels).
+
+The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCollator` (set
+`remove_unused_columns=False`, add `RefusionEpochCallback`); it just does not log the two parts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from .collator import RefusionDataCollator
+
+LOSS_PARTS = ("ar_loss", "mdm_loss")
+COLLATOR_COLUMNS = ("input_ids", "prompt_length")
+
+
+class RefusionEpochCallback(TrainerCallback):
+    """Tells a collator with `set_epoch` which epoch the training loop is starting (also after a resume)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # `state.epoch` is `epoch + fraction done`; at the start of an epoch (fresh, or resumed mid-epoch from a
+        # checkpoint) its integer part is the epoch the loop is entering.
+        self.collator.set_epoch(math.floor(state.epoch or 0))
+
+
+class RefusionTrainer(Trainer):
+    """A `Trainer` that logs ReFusion's `ar_loss` and `mdm_loss` (see the module docstring for everything it adds)."""
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, model=None, args=None, data_collator=None, *positional, **kwargs):
+        super().__init__(model, args, data_collator, *positional, **kwargs)
+        if self.args.label_smoothing_factor:
+            raise ValueError(
+                f"label_smoothing_factor is {self.args.label_smoothing_factor}, but the Trainer's label smoother "
+                "assumes shifted causal-LM labels and would replace the ReFusion loss; set it to 0."
+            )
+        if data_collator is None:
+            self.data_collator = self._default_collator()
+        if hasattr(self.data_collator, "set_epoch"):
+            self.add_callback(RefusionEpochCallback(self.data_collator))
+        self._loss_part_sums = None
+        self._loss_part_count = 0
+
+    def _default_collator(self) -> RefusionDataCollator:
+        config = getattr(self.model, "config", None)
+        mask_token_id = getattr(config, "mask_token_id", None)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return RefusionDataCollator(self.processing_class, mask_token_id=mask_token_id, seed=seed)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        self._signature_columns += [name for name in COLLATOR_COLUMNS if name not in self._signature_columns]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=None)
+        parts = [outputs.get(name) if isinstance(outputs, dict) else None for name in LOSS_PARTS]
+        if "mdm_weights" in inputs and any(part is None for part in parts):
+            raise ValueError(
+                f"The model ({type(model).__name__}) ignored `mdm_weights` and returned no `ar_loss` / `mdm_loss`: "
+                "train a `RefusionForCausalLM` (convert an autoregressive checkpoint with `refusion convert`)."
+            )
+        if model.training and all(part is not None for part in parts):
+            values = torch.stack([part.detach().float() for part in parts])
+            self._loss_part_sums = values if self._loss_part_sums is None else self._loss_part_sums + values
+            self._loss_part_count += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._loss_part_count:
+            means = self._loss_part_sums / self._loss_part_count
+            means = self.accelerator.gather(means.unsqueeze(0)).mean(dim=0)
+            self._loss_part_sums, self._loss_part_count = None, 0
+            ordered = {}
+            for key, value in logs.items():
+                ordered[key] = value
+                if key == "loss":
+                    ordered.update(zip(LOSS_PARTS, means.tolist()))
+            logs = ordered
+        super().log(logs, start_time)
+
+
+__all__ = ["RefusionEpochCallback", "RefusionTrainer"]
