@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "generate": "refusion_hf.generation.cli",
     "eval": "refusion_hf.evaluation.cli",
+    "publish": "refusion_hf.hub_card.cli",
     "train": "refusion_hf.training.train_cli",
     "convert": "refusion_hf.training.convert",
 }

@@ -1,0 +1,619 @@
+"""Model cards for ReFusion checkpoints and LoRA adapters, built with `huggingface_hub`'s `ModelCard`.
+
+Metadata goes through `ModelCardData` (evaluation results as `EvalResult`s, which it turns into a `model-index`);
+the body is rendered from the templates shipped next to this module. Everything the card states about the
+checkpoint (decoding defaults, architecture, tokenizer, parameter count) is read from the folder being published,
+so the card cannot drift from the files it describes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from ..generation.refusion_generation_config import DEFAULT_MAX_NEW_TOKENS, RefusionGenerationConfig
+from .errors import CardInputError
+from .sources import EvalReport, TrainingSummary, eval_results_of
+
+PAPER_ARXIV_ID = "2512.13586"
+CITATION = """@article{li2025refusion,
+  title   = {ReFusion: A Diffusion Large Language Model with Parallel Autoregressive Decoding},
+  author  = {Li, Jia-Nan and Guan, Jian and Wu, Wei and Li, Chongxuan},
+  journal = {arXiv preprint arXiv:2512.13586},
+  year    = {2025}
+}"""
+BASE_TAGS = ["refusion", "diffusion", "masked-diffusion"]
+MODEL_TAGS = [*BASE_TAGS, "custom_code", "qwen3", "text-generation", f"arxiv:{PAPER_ARXIV_ID}"]
+DEFAULT_LICENSE = "apache-2.0"
+DEFAULT_EXAMPLE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+_LICENSE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
+
+MODEL_TEMPLATE = "model_card_template.md"
+ADAPTER_TEMPLATE = "adapter_card_template.md"
+
+
+# --------------------------------------------------------------------------------------------- validation
+def check_hub_id(value: str, option: str, example: str) -> str:
+    """A Hub repository id (`namespace/name`), or `CardInputError` naming `option`."""
+    if Path(value).exists():
+        raise CardInputError(f"{option} {value!r} is a local path; it must be a Hub repository id such as {example}.")
+    try:
+        validate_repo_id(value)
+    except HFValidationError as error:
+        raise CardInputError(f"{option} {value!r} is not a Hub repository id ({error}); use e.g. {example}.") from None
+    return value
+
+
+def check_repo_id(repo_id: str) -> str:
+    """A full `namespace/name` id (the usage snippet and `create_repo` need the namespace)."""
+    check_hub_id(repo_id, "--repo-id", "your-name/refusion-8b")
+    if "/" not in repo_id:
+        raise CardInputError(
+            f"--repo-id {repo_id!r} has no namespace; pass `namespace/{repo_id}` (your user or organisation name)."
+        )
+    return repo_id
+
+
+def check_license(license: str) -> str:
+    if not isinstance(license, str) or not _LICENSE_PATTERN.match(license):
+        raise CardInputError(
+            f"--license {license!r} is not a Hub license identifier; use a lowercase id from "
+            "https://huggingface.co/docs/hub/repositories-licenses such as apache-2.0, mit or other."
+        )
+    return license
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+_DISPLAY_NAMES = {"peft": "PEFT"}  # as PEFT's own cards write it
+
+
+def framework_versions(*names: str) -> list[tuple[str, str]]:
+    versions = []
+    for name in names:
+        try:
+            versions.append((_DISPLAY_NAMES.get(name, name), metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def count_parameters(folder: Path) -> int:
+    """Number of parameters stored in the folder's safetensors files (read from their headers only)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                count = 1
+                for size in handle.get_slice(name).get_shape():
+                    count *= size
+                total += count
+    return total
+
+
+def human_count(count: int) -> str:
+    for threshold, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= threshold:
+            return f"{count / threshold:.2f}{suffix} ({count:,})"
+    return f"{count:,}"
+
+
+def _cell(value: Any) -> str:
+    """Text for a Markdown table cell: `|` must be escaped even inside code spans (e.g. `<|mask|>`)."""
+    return str(value).replace("|", "\\|")
+
+
+def _format(value: Any, spec: str) -> str:
+    """A table cell: integers as they are (steps, pass counts), floats with `spec`, nothing as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return format(value, {"g": ".4g", "f1": ".1f", "f2": ".2f", "e": ".2e"}[spec])
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------- decoding
+@dataclass
+class DecodingDefaults:
+    """The decoding parameters a checkpoint's generation_config.json sets (ReFusion fields filled with defaults)."""
+
+    decoding: str
+    slot_size: int
+    block_size: int | None
+    slot_threshold: float
+    token_threshold: float
+    temperature: float | None
+    mask_token_id: int | None
+    max_new_tokens: int
+
+    @classmethod
+    def from_generation_config(cls, config) -> DecodingDefaults:
+        config = RefusionGenerationConfig.from_generation_config(config)
+        return cls(
+            decoding=config.decoding,
+            slot_size=config.slot_size,
+            block_size=config.block_size,
+            slot_threshold=config.slot_threshold,
+            token_threshold=config.token_threshold,
+            temperature=config.temperature,
+            mask_token_id=config.mask_token_id,
+            # What generate() uses when neither the call nor the config sets a length.
+            max_new_tokens=config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        )
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> DecodingDefaults:
+        return cls.from_generation_config(RefusionGenerationConfig.from_pretrained(folder))
+
+    def fitting_max_new_tokens(self, prompt_length: int, max_positions: int | None) -> int:
+        """The default answer length, lowered (to a multiple of `slot_size`) when prompt plus canvas would not fit
+        in `max_positions`."""
+        if not max_positions:
+            return self.max_new_tokens
+        room = (max_positions - prompt_length) // self.slot_size * self.slot_size
+        return max(1, min(self.max_new_tokens, room))
+
+    def rows(self, max_positions: int | None) -> list[dict[str, str]]:
+        context = f" Prompt plus canvas must fit in {max_positions} positions." if max_positions else ""
+        return [
+            {
+                "name": "decoding",
+                "value": repr(self.decoding).replace("'", '"'),
+                "meaning": '`"refusion"`: slot-parallel plan-and-infill decoding. `"autoregressive"`: ordinary '
+                "left-to-right decoding with the same weights (the baseline to compare against).",
+            },
+            {
+                "name": "slot_size",
+                "value": str(self.slot_size),
+                "meaning": "k, tokens per slot. Slots are planned in parallel and each is filled left to right.",
+            },
+            {
+                "name": "block_size",
+                "value": str(self.block_size),
+                "meaning": "Tokens per serial block (a multiple of `slot_size`), decoded left to right; slots inside "
+                "a block in any order. `None`: one block over the whole answer.",
+            },
+            {
+                "name": "slot_threshold",
+                "value": _format(self.slot_threshold, "g"),
+                "meaning": "A step writes every slot whose first drafted token has more than this probability (the "
+                "single most confident slot when none does).",
+            },
+            {
+                "name": "token_threshold",
+                "value": _format(self.token_threshold, "g"),
+                "meaning": "A drafted token is accepted when its autoregressive probability, given everything before "
+                "it, exceeds this; otherwise the slot is re-drafted from there.",
+            },
+            {
+                "name": "temperature",
+                "value": str(self.temperature),
+                "meaning": "`None`/0: greedy. Above 0: drafts are sampled (Gumbel-max) at this temperature; seed "
+                "with `torch.manual_seed`.",
+            },
+            {
+                "name": "max_new_tokens",
+                "value": str(self.max_new_tokens),
+                "meaning": "Answer length limit. The canvas is this rounded up to a multiple of `slot_size`; nothing "
+                f"past it is returned.{context}",
+            },
+            {
+                "name": "mask_token_id",
+                "value": str(self.mask_token_id),
+                "meaning": "Id of the mask token that marks undecoded positions (`None`: the model config's).",
+            },
+        ]
+
+    def generate_arguments(self, indent: str, max_new_tokens: int) -> str:
+        """Keyword arguments of the snippet's `generate()` call, one per line, with short comments."""
+        length_note = "answer length limit"
+        if max_new_tokens < self.max_new_tokens:
+            length_note += f" (the default {self.max_new_tokens} does not fit the context with this prompt)"
+        lines = [
+            (f"max_new_tokens={max_new_tokens},", length_note),
+            (f"slot_size={self.slot_size},", "k: tokens per slot"),
+            (f"block_size={self.block_size},", "tokens per serial block (None: the whole answer)"),
+            (f"slot_threshold={self.slot_threshold!r},", "write every slot whose first draft is this confident"),
+            (f"token_threshold={self.token_threshold!r},", "accept drafted tokens this probable"),
+        ]
+        if self.temperature:
+            lines.append((f"temperature={self.temperature!r},", "> 0: sample the drafts"))
+        lines.append(("return_dict_in_generate=True,", None))
+        width = max(len(code) for code, _ in lines) + 2
+        return "\n".join(
+            f"{indent}{code}" if comment is None else f"{indent}{code.ljust(width)}# {comment}"
+            for code, comment in lines
+        )
+
+
+def _prompt_lines(prompt: str, chat: bool) -> list[str]:
+    literal = json.dumps(prompt, ensure_ascii=False)
+    if chat:
+        return [
+            f'messages = [{{"role": "user", "content": {literal}}}]',
+            "inputs = tokenizer.apply_chat_template(",
+            '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
+            ").to(device)",
+        ]
+    return [f'inputs = tokenizer({literal}, return_tensors="pt").to(device)']
+
+
+def _generation_lines(defaults: DecodingDefaults, max_new_tokens: int) -> list[str]:
+    return [
+        "output = model.generate(",
+        "    **inputs,",
+        defaults.generate_arguments("    ", max_new_tokens),
+        ")",
+        'answer = output.sequences[0, inputs["input_ids"].shape[1] :]',
+        "print(tokenizer.decode(answer, skip_special_tokens=True))",
+        'print(f"{output.num_forward_passes} forward passes, {output.tokens_per_forward[0]:.2f} tokens per forward")',
+        "",
+        "# The autoregressive baseline, same weights:",
+        f'baseline = model.generate(**inputs, max_new_tokens={max_new_tokens}, decoding="autoregressive")',
+    ]
+
+
+def usage_snippet(model_id: str, defaults: DecodingDefaults, *, chat: bool, prompt: str, max_new_tokens: int) -> str:
+    """A runnable example that loads `model_id` through its remote code and decodes `prompt` with ReFusion."""
+    return "\n".join(
+        [
+            "import torch",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f"model_id = {json.dumps(model_id)}",
+            'device = "cuda" if torch.cuda.is_available() else "cpu"',
+            "# trust_remote_code: the config class comes with the checkpoint (AutoTokenizer reads the config too)",
+            "tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)",
+            'model = AutoModelForCausalLM.from_pretrained(model_id, trust_remote_code=True, dtype="auto")',
+            "model = model.to(device).eval()",
+            "",
+            *_prompt_lines(prompt, chat),
+            *_generation_lines(defaults, max_new_tokens),
+        ]
+    )
+
+
+def adapter_usage_snippet(
+    base_id: str,
+    adapter_id: str,
+    defaults: DecodingDefaults,
+    *,
+    chat: bool,
+    prompt: str,
+    tokenizer_id: str,
+    max_new_tokens: int,
+) -> str:
+    """A runnable example that puts the adapter on its base (through `refusion_hf`, which loads both the official
+    and the remote-code checkpoint formats) and decodes `prompt` with ReFusion."""
+    return "\n".join(
+        [
+            "import torch",
+            "from peft import PeftModel",
+            "from transformers import AutoTokenizer",
+            "",
+            "from refusion_hf import RefusionForCausalLM",
+            "",
+            f"base_id = {json.dumps(base_id)}",
+            f"adapter_id = {json.dumps(adapter_id)}",
+            'device = "cuda" if torch.cuda.is_available() else "cpu"',
+            f"tokenizer = AutoTokenizer.from_pretrained({tokenizer_id})",
+            'base = RefusionForCausalLM.from_pretrained(base_id, dtype="auto")',
+            "model = PeftModel.from_pretrained(base, adapter_id).to(device).eval()",
+            "",
+            *_prompt_lines(prompt, chat),
+            *_generation_lines(defaults, max_new_tokens),
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------------- eval and training
+def _eval_context(reports: list[EvalReport]) -> dict[str, Any]:
+    if not reports:
+        return {"eval_reports": []}
+    metrics = sorted({report.suite_info.accuracy_metric for report in reports})
+    rows, notes = [], []
+    for report in reports:
+        for mode, rates in (("ReFusion", report.refusion), ("autoregressive", report.autoregressive)):
+            if rates is None:
+                continue
+            rows.append(
+                {
+                    "suite": _cell(
+                        report.suite_info.dataset_name
+                        + (f" ({report.dataset_config})" if report.dataset_config else "")
+                    ),
+                    "decoding": mode,
+                    "accuracy": _format(rates["accuracy"], "g"),
+                    "tokens_per_second": _format(float(rates["tokens_per_second"]), "f1"),
+                    "tokens_per_forward": _format(float(rates["tokens_per_forward"]), "f2"),
+                    "num_forward_passes": _format(rates.get("num_forward_passes"), "g"),
+                }
+            )
+        settings = ", ".join(f"`{key}={value}`" for key, value in report.decoding_args().items()) or "defaults"
+        note = f"{report.suite_info.dataset_name}: settings {settings}"
+        if report.limit is not None:
+            note += f"; the first {report.limit} problems only"
+        if report.speedup is not None:
+            note += f"; ReFusion decoding ran at {report.speedup:.2f}x the tokens/s of autoregressive decoding"
+        notes.append(note + ".")
+    return {
+        "eval_reports": reports,
+        "eval_rows": rows,
+        "eval_notes": notes,
+        "accuracy_header": " / ".join(metrics),
+    }
+
+
+def _training_context(summary: TrainingSummary | None) -> dict[str, Any] | None:
+    if summary is None:
+        return None
+    facts = []
+    if summary.global_step is not None:
+        of = f" of {summary.max_steps}" if summary.max_steps else ""
+        facts.append(f"Optimizer steps: {summary.global_step}{of}")
+    if summary.epoch is not None:
+        facts.append(f"Epochs: {summary.epoch:.3g}")
+    if summary.train_batch_size is not None:
+        facts.append(f"Batch size per device: {summary.train_batch_size}")
+    if summary.final_loss is not None:
+        facts.append(f"Last logged training loss: {summary.final_loss:.4g}")
+    if summary.mean_train_loss is not None:
+        facts.append(f"Mean training loss over the run: {summary.mean_train_loss:.4g}")
+    if summary.train_runtime is not None:
+        facts.append(f"Training time: {summary.train_runtime:.0f} s")
+    columns = ["Step", "Epoch", *summary.loss_columns, "Learning rate"]
+    rows = [
+        [
+            _format(row["step"], "g"),
+            _format(row["epoch"], "g"),
+            *(_format(row[key], "g") for key in summary.loss_columns),
+            _format(row["learning_rate"], "e"),
+        ]
+        for row in summary.log_rows
+    ]
+    return {"facts": facts, "columns": columns, "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------------ cards
+def _render(template: str, card_data: ModelCardData, **context) -> ModelCard:
+    template_path = resources.files(__package__).joinpath(template)
+    return ModelCard.from_template(card_data, template_str=template_path.read_text(encoding="utf-8"), **context)
+
+
+def _card_data(
+    *,
+    library_name: str,
+    license: str,
+    base_model: str | None,
+    datasets: list[str] | None,
+    tags: list[str],
+    model_name: str,
+    reports: list[EvalReport],
+) -> ModelCardData:
+    check_license(license)
+    if base_model is not None:
+        check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
+    for dataset in datasets or []:
+        check_hub_id(dataset, "--dataset", "openai/gsm8k")
+    eval_results = eval_results_of(reports) if reports else None
+    return ModelCardData(
+        library_name=library_name,
+        pipeline_tag="text-generation",
+        license=license,
+        base_model=base_model,
+        datasets=list(datasets) if datasets else None,
+        tags=tags,
+        model_name=model_name if eval_results else None,
+        eval_results=eval_results,
+    )
+
+
+def _python_block(code: str) -> str:
+    # The fences are added here, not in the templates, so that formatters of Markdown code blocks leave the
+    # templates' Jinja placeholders alone.
+    return f"```python\n{code}\n```"
+
+
+def _prompt_length(tokenizer, prompt: str, chat: bool) -> int:
+    if chat:
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
+        )
+        return len(encoded["input_ids"])
+    return len(tokenizer(prompt)["input_ids"])
+
+
+def _model_name(repo_id: str | None, folder: Path, name: str | None) -> str:
+    return repo_id.rsplit("/", 1)[-1] if repo_id else (name or folder.resolve().name)
+
+
+def _model_id(repo_id: str | None, folder: Path, name: str | None) -> str:
+    """The id the usage snippet loads: the repository, or a placeholder to fill in when none was given."""
+    return repo_id or f"<your-namespace>/{name or folder.resolve().name}"
+
+
+def build_model_card(
+    folder: str | Path,
+    *,
+    repo_id: str | None = None,
+    license: str = DEFAULT_LICENSE,
+    base_model: str | None = None,
+    datasets: list[str] | None = None,
+    eval_reports: list[EvalReport] | None = None,
+    training: TrainingSummary | None = None,
+    example_prompt: str = DEFAULT_EXAMPLE_PROMPT,
+    official_source: bool = False,
+    name: str | None = None,
+) -> ModelCard:
+    """The card of a saved ReFusion checkpoint folder (config, generation config, tokenizer and weights in it).
+    `name` titles the card when there is no `repo_id` (default: the folder's name)."""
+    from transformers import AutoTokenizer
+
+    from ..modeling.configuration_refusion import RefusionConfig
+
+    folder = Path(folder)
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    config = RefusionConfig.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    defaults = DecodingDefaults.from_folder(folder)
+    chat = bool(tokenizer.chat_template)
+    reports = list(eval_reports or [])
+    model_name = _model_name(repo_id, folder, name)
+    model_id = _model_id(repo_id, folder, name)
+    mask_id = config.mask_token_id
+    mask_token = tokenizer.convert_ids_to_tokens(mask_id) if mask_id is not None else None
+    eos = config.eos_token_id
+    eos_token = tokenizer.convert_ids_to_tokens(eos) if isinstance(eos, int) else eos
+    card_data = _card_data(
+        library_name="transformers",
+        license=license,
+        base_model=base_model,
+        datasets=datasets,
+        tags=MODEL_TAGS,
+        model_name=model_name,
+        reports=reports,
+    )
+    dtype = getattr(config, "dtype", None)
+    model_facts = [
+        ("Architecture", "Qwen3 decoder, causal attention (`RefusionForCausalLM`, a `Qwen3ForCausalLM` subclass)"),
+        ("Parameters", human_count(count_parameters(folder))),
+        ("Layers", config.num_hidden_layers),
+        ("Hidden size", config.hidden_size),
+        ("Attention heads", f"{config.num_attention_heads} query, {config.num_key_value_heads} key/value"),
+        ("Vocabulary", f"{config.vocab_size:,}"),
+        ("Context (`max_position_embeddings`)", f"{config.max_position_embeddings:,}"),
+        ("Weights dtype", str(dtype).replace("torch.", "") if dtype is not None else "–"),
+        ("Mask token", f"`{mask_token}` (id {mask_id})"),
+        ("End of sequence", f"`{eos_token}` (id {eos})"),
+        ("Chat template", "yes" if chat else "no (prompts are plain text)"),
+    ]
+    snippet = usage_snippet(
+        model_id,
+        defaults,
+        chat=chat,
+        prompt=example_prompt,
+        max_new_tokens=defaults.fitting_max_new_tokens(
+            _prompt_length(tokenizer, example_prompt, chat), config.max_position_embeddings
+        ),
+    )
+    return _render(
+        MODEL_TEMPLATE,
+        card_data,
+        model_name=model_name,
+        model_id=model_id,
+        base_model=base_model,
+        official_source=official_source,
+        usage_block=_python_block(snippet),
+        decoding_rows=defaults.rows(config.max_position_embeddings),
+        training=_training_context(training),
+        model_facts=[(name, _cell(value)) for name, value in model_facts],
+        max_position_embeddings=f"{config.max_position_embeddings:,}",
+        mask_token=mask_token,
+        citation=CITATION,
+        framework_versions=framework_versions("transformers", "torch", "huggingface_hub", "refusion_hf"),
+        **_eval_context(reports),
+    )
+
+
+def build_adapter_card(
+    folder: str | Path,
+    *,
+    base_model: str,
+    repo_id: str | None = None,
+    license: str = DEFAULT_LICENSE,
+    datasets: list[str] | None = None,
+    eval_reports: list[EvalReport] | None = None,
+    training: TrainingSummary | None = None,
+    example_prompt: str = DEFAULT_EXAMPLE_PROMPT,
+    base_generation_config=None,
+    base_max_positions: int | None = None,
+    name: str | None = None,
+) -> ModelCard:
+    """The card of a saved PEFT adapter folder, following PEFT's conventions (`library_name: peft`, `base_model`,
+    `base_model:adapter:` and method tags, PEFT version); decoding defaults come from the base's generation config
+    when it is given."""
+    folder = Path(folder)
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
+    adapter_config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    peft_type = str(adapter_config.get("peft_type", "LORA"))
+    has_tokenizer = (folder / "tokenizer_config.json").is_file()
+    chat, prompt_length = False, 0
+    if has_tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        chat = bool(tokenizer.chat_template)
+        prompt_length = _prompt_length(tokenizer, example_prompt, chat)
+    defaults = (
+        DecodingDefaults.from_generation_config(base_generation_config)
+        if base_generation_config is not None
+        else DecodingDefaults.from_generation_config(RefusionGenerationConfig())
+    )
+    reports = list(eval_reports or [])
+    model_name = _model_name(repo_id, folder, name)
+    adapter_id = _model_id(repo_id, folder, name)
+    tags = [
+        *BASE_TAGS,
+        peft_type.lower(),
+        "transformers",
+        f"base_model:adapter:{base_model}",
+        f"arxiv:{PAPER_ARXIV_ID}",
+    ]
+    card_data = _card_data(
+        library_name="peft",
+        license=license,
+        base_model=base_model,
+        datasets=datasets,
+        tags=tags,
+        model_name=model_name,
+        reports=reports,
+    )
+    targets = adapter_config.get("target_modules")
+    if isinstance(targets, (list, tuple)):
+        targets = ", ".join(f"`{name}`" for name in sorted(targets))
+    adapter_facts = [
+        ("PEFT method", peft_type),
+        ("Base model", f"[{base_model}](https://huggingface.co/{base_model})"),
+        ("Rank `r`", adapter_config.get("r", "–")),
+        ("`lora_alpha`", adapter_config.get("lora_alpha", "–")),
+        ("`lora_dropout`", adapter_config.get("lora_dropout", "–")),
+        ("Target modules", targets or "–"),
+        ("Trainable parameters", human_count(count_parameters(folder))),
+        ("Tokenizer", "included" if has_tokenizer else "use the base model's"),
+    ]
+    tokenizer_id = "adapter_id" if has_tokenizer else "base_id"
+    snippet = adapter_usage_snippet(
+        base_model,
+        adapter_id,
+        defaults,
+        chat=chat,
+        prompt=example_prompt,
+        tokenizer_id=tokenizer_id,
+        max_new_tokens=defaults.fitting_max_new_tokens(prompt_length, base_max_positions),
+    )
+    return _render(
+        ADAPTER_TEMPLATE,
+        card_data,
+        model_name=model_name,
+        base_model=base_model,
+        peft_method="LoRA" if peft_type == "LORA" else peft_type,
+        usage_block=_python_block(snippet),
+        decoding_rows=defaults.rows(base_max_positions),
+        decoding_from_base=base_generation_config is not None,
+        training=_training_context(training),
+        adapter_facts=[(name, _cell(value)) for name, value in adapter_facts],
+        citation=CITATION,
+        framework_versions=framework_versions("peft", "transformers", "torch", "huggingface_hub", "refusion_hf"),
+        **_eval_context(reports),
+    )

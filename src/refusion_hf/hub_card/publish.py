@@ -1,0 +1,441 @@
+"""Publishing: turn a checkpoint (ours, official-format, or a LoRA adapter) into a complete Hub folder, and push it.
+
+A published model folder holds everything `AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)`
+needs where `refusion_hf` is not installed: safetensors weights, config.json with `model_type: refusion` and
+`auto_map`, the flat remote-code bundle, generation_config.json with the ReFusion decoding defaults, the tokenizer,
+and README.md (the model card). Official-format checkpoints (`model_type: qwen3` plus `mask_token_id`) come out in
+this format. An adapter folder holds the adapter config (with a Hub `base_model_name_or_path`), the adapter
+weights as safetensors, the tokenizer when there is one, and its card.
+
+The folder is built next to `out` and moved into place only when complete, so a failed run never leaves a
+half-written folder behind. Inputs are validated before any heavy work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi, ModelCard, get_token
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+from .card import (
+    DEFAULT_EXAMPLE_PROMPT,
+    DEFAULT_LICENSE,
+    build_adapter_card,
+    build_model_card,
+    check_hub_id,
+    check_license,
+    check_repo_id,
+)
+from .errors import CardInputError, PublishError, PushError
+from .sources import EvalReport, TrainingSummary, load_eval_report, load_training_summary
+
+OFFICIAL_MODEL_TYPE = "qwen3"
+# Decoding defaults that can be baked into the published generation_config.json, with their CLI options.
+DECODING_OVERRIDES = {
+    "slot_size": "--slot-size",
+    "block_size": "--block-size",
+    "slot_threshold": "--slot-threshold",
+    "token_threshold": "--token-threshold",
+    "max_new_tokens": "--max-new-tokens",
+}
+# What is downloaded when `model` is a Hub id (the remote code is always written fresh, so no *.py).
+SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+@dataclass
+class PublishResult:
+    folder: Path
+    kind: str  # "model" or "adapter"
+    files: list[str]
+    card: ModelCard
+    official_source: bool = False
+    commit_url: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------- inputs
+def _resolve_source(model: str | Path) -> tuple[Path, str | None]:
+    """The local folder of `model`, and its Hub id when it had to be downloaded."""
+    path = Path(model)
+    if path.is_dir():
+        return path, None
+    if path.exists():
+        raise CardInputError(f"--model {model}: is a file; pass the checkpoint folder (with config.json).")
+    try:
+        repo_id = check_hub_id(str(model), "--model", "GSAI-ML/ReFusion")
+    except CardInputError:
+        raise CardInputError(f"--model {model}: no such folder (and not a Hub repository id).") from None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=SOURCE_PATTERNS)), repo_id
+    except Exception as error:  # noqa: BLE001 - any download failure becomes one message
+        raise PublishError(
+            f"--model {model}: not a local folder, and downloading it from the Hub failed "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). Pass a local folder, "
+            "or check the network and the repository id."
+        ) from None
+
+
+def _check_decoding_overrides(overrides: dict[str, Any] | None) -> dict[str, Any]:
+    from ..generation.refusion_generation_config import RefusionGenerationConfig
+
+    overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
+    unknown = sorted(set(overrides) - set(DECODING_OVERRIDES))
+    if unknown:
+        raise CardInputError(f"unknown decoding defaults {unknown}; choose from {sorted(DECODING_OVERRIDES)}.")
+    # Each value is checked on its own here; `block_size` against the checkpoint's `slot_size` once it is loaded.
+    probe = RefusionGenerationConfig(slot_size=1)
+    for key, value in overrides.items():
+        setattr(probe, key, value)
+        option = DECODING_OVERRIDES[key]
+        if key == "max_new_tokens" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise CardInputError(f"{option} must be an integer >= 1, got {value!r}.")
+    try:
+        probe.validate()
+    except ValueError as error:
+        options = ", ".join(DECODING_OVERRIDES[key] for key in overrides)
+        raise CardInputError(f"invalid decoding defaults ({options}): {error}") from None
+    return overrides
+
+
+def _check_out(out: Path, source: Path, overwrite: bool) -> None:
+    out_resolved, source_resolved = out.resolve(), source.resolve()
+    if out_resolved == source_resolved or source_resolved in out_resolved.parents:
+        raise CardInputError(f"--out {out} is inside --model {source}; choose a folder outside the checkpoint.")
+    if out_resolved in source_resolved.parents:
+        raise CardInputError(f"--out {out} contains --model {source}; choose another folder.")
+    if out.exists() and not out.is_dir():
+        raise CardInputError(f"--out {out} is a file; choose a folder (it is created if missing).")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise CardInputError(
+                f"--out {out} is not empty; choose an empty or new folder, or pass --overwrite to replace its contents."
+            )
+        # --overwrite deletes the folder: only ever a flat folder of files, as a previous publish leaves it.
+        cwd = Path.cwd().resolve()
+        if out_resolved in (cwd, Path.home().resolve()) or out_resolved in cwd.parents:
+            raise CardInputError(f"--out {out} is the working or home directory; --overwrite will not replace it.")
+        if any(entry.is_dir() for entry in out.iterdir()):
+            raise CardInputError(
+                f"--out {out} has subfolders, so it is not a published folder; --overwrite only replaces those. "
+                "Choose a new folder."
+            )
+
+
+def _find_trainer_state(explicit: str | Path | None, source: Path) -> TrainingSummary | None:
+    if explicit is not None:
+        return load_training_summary(explicit)
+    candidate = source / "trainer_state.json"
+    return load_training_summary(candidate) if candidate.is_file() else None
+
+
+def _load_tokenizer(*candidates: Path | str | None):
+    from transformers import AutoTokenizer
+
+    for candidate in candidates:
+        if candidate is not None and (Path(candidate) / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(candidate)
+    return None
+
+
+# --------------------------------------------------------------------------------------------- full models
+def _write_model(
+    source: Path, staging: Path, tokenizer_source: str | Path | None, overrides: dict[str, Any]
+) -> tuple[bool, Any, list[str]]:
+    """Save the checkpoint at `source` into `staging` in our format; returns (official format?, config, notes)."""
+    from ..modeling import RefusionConfig, RefusionForCausalLM
+
+    raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    model_type = raw.get("model_type")
+    if model_type not in (RefusionConfig.model_type, OFFICIAL_MODEL_TYPE):
+        raise CardInputError(
+            f"--model {source}: config.json has model_type {model_type!r}; publish expects a ReFusion checkpoint "
+            f"({RefusionConfig.model_type!r}, or the official {OFFICIAL_MODEL_TYPE!r} format with a mask_token_id)."
+        )
+    official = model_type == OFFICIAL_MODEL_TYPE
+    if raw.get("mask_token_id") is None:
+        raise CardInputError(
+            f"--model {source}: config.json has no mask_token_id, so this is not a ReFusion checkpoint. Convert an "
+            "autoregressive checkpoint first with `refusion convert`."
+        )
+    tokenizer = _load_tokenizer(tokenizer_source, source)
+    if tokenizer is None:
+        raise CardInputError(
+            f"--model {source} has no tokenizer (tokenizer_config.json); pass --tokenizer DIR with the tokenizer the "
+            "model was trained with."
+        )
+    mask_id = raw["mask_token_id"]
+    if tokenizer.mask_token_id is not None and tokenizer.mask_token_id != mask_id:
+        raise CardInputError(
+            f"the tokenizer's mask token {tokenizer.mask_token!r} has id {tokenizer.mask_token_id}, but the model's "
+            f"config.json says mask_token_id {mask_id}; pass the matching tokenizer with --tokenizer."
+        )
+    try:
+        model = RefusionForCausalLM.from_pretrained(source, dtype="auto")
+    except (OSError, ValueError, RuntimeError) as error:
+        raise PublishError(f"--model {source}: the checkpoint does not load ({error}).") from None
+    generation_config = model.generation_config
+    for key, value in overrides.items():
+        setattr(generation_config, key, value)
+    if generation_config.mask_token_id is None:
+        generation_config.mask_token_id = mask_id
+    try:
+        generation_config.validate()
+    except ValueError as error:
+        options = ", ".join(DECODING_OVERRIDES[key] for key in overrides) or "the checkpoint's generation_config.json"
+        raise CardInputError(f"invalid decoding defaults ({options}): {error}") from None
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    notes = []
+    if official:
+        notes.append("official-format checkpoint (model_type qwen3) republished with model_type refusion")
+    return official, model.config, notes
+
+
+# ------------------------------------------------------------------------------------------------ adapters
+def _adapter_weights(source: Path, staging: Path) -> None:
+    safetensors_file = source / "adapter_model.safetensors"
+    if safetensors_file.is_file():
+        shutil.copy2(safetensors_file, staging / safetensors_file.name)
+        return
+    bin_file = source / "adapter_model.bin"
+    if not bin_file.is_file():
+        raise CardInputError(f"--model {source}: adapter_config.json but no adapter_model.safetensors (or .bin).")
+    import torch
+    from safetensors.torch import save_file
+
+    state = torch.load(bin_file, map_location="cpu", weights_only=True)
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(staging / "adapter_model.safetensors"))
+
+
+def _write_adapter(
+    source: Path, staging: Path, base_model: str | None, tokenizer_source: str | Path | None
+) -> tuple[str, dict[str, Any], list[str]]:
+    """Copy the adapter at `source` into `staging` with a Hub base model id; returns (base id, base info, notes)."""
+    adapter_config = json.loads((source / "adapter_config.json").read_text(encoding="utf-8"))
+    recorded = adapter_config.get("base_model_name_or_path")
+    base_local = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    if base_model is None:
+        if not recorded:
+            raise CardInputError(
+                f"--model {source}: adapter_config.json has no base_model_name_or_path; pass --base-model HUB_ID."
+            )
+        if base_local is not None or recorded.startswith((".", "/", "~")):
+            raise CardInputError(
+                f"--model {source}: the adapter's base model is the local path {recorded!r}, which Hub users cannot "
+                "load; pass --base-model with the Hub id of that model (it is written into the published "
+                "adapter_config.json)."
+            )
+        base_model = check_hub_id(recorded, "adapter_config.json base_model_name_or_path", "GSAI-ML/ReFusion")
+    notes = []
+    if recorded != base_model:
+        notes.append(f"adapter_config.json base_model_name_or_path: {recorded!r} -> {base_model!r}")
+    adapter_config["base_model_name_or_path"] = base_model
+    (staging / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    _adapter_weights(source, staging)
+    tokenizer = _load_tokenizer(tokenizer_source, source, base_local)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging)
+    base_info: dict[str, Any] = {}
+    if base_local is not None and (base_local / "config.json").is_file():
+        from ..generation.refusion_generation_config import RefusionGenerationConfig
+        from ..modeling import RefusionConfig
+
+        base_info["base_max_positions"] = RefusionConfig.from_pretrained(base_local).max_position_embeddings
+        if (base_local / "generation_config.json").is_file():
+            base_info["base_generation_config"] = RefusionGenerationConfig.from_pretrained(base_local)
+    return base_model, base_info, notes
+
+
+# ----------------------------------------------------------------------------------------------------- API
+def publish(
+    model: str | Path,
+    out: str | Path,
+    *,
+    eval_paths: list[str | Path] | None = None,
+    trainer_state: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    repo_id: str | None = None,
+    push: bool = False,
+    private: bool = False,
+    license: str = DEFAULT_LICENSE,
+    base_model: str | None = None,
+    datasets: list[str] | None = None,
+    example_prompt: str = DEFAULT_EXAMPLE_PROMPT,
+    decoding_defaults: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> PublishResult:
+    """Write the complete Hub folder of `model` (a folder or Hub id) into `out`; with `push`, upload it to
+    `repo_id`. Raises `PublishError` (with a message naming the argument and the fix) on bad input or a failed
+    push; with a failed push, the folder is still complete in `out`."""
+    out = Path(out)
+    # Cheap checks first: nothing is loaded or written before the arguments are known to be usable.
+    check_license(license)
+    if push and repo_id is None:
+        raise CardInputError("--push needs --repo-id NAMESPACE/NAME (the Hub repository to create or update).")
+    if private and not push:
+        raise CardInputError("--private only applies to the repository --push creates; add --push --repo-id ID.")
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    if base_model is not None:
+        check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
+    for dataset in datasets or []:
+        check_hub_id(dataset, "--dataset", "openai/gsm8k")
+    if not isinstance(example_prompt, str) or not example_prompt.strip():
+        raise CardInputError("--example-prompt must be a non-empty prompt for the card's usage example.")
+    reports: list[EvalReport] = [load_eval_report(path) for path in eval_paths or []]
+    if trainer_state is not None:
+        load_training_summary(trainer_state)
+    if tokenizer is not None and not (Path(tokenizer) / "tokenizer_config.json").is_file():
+        raise CardInputError(f"--tokenizer {tokenizer}: no tokenizer_config.json there; pass a tokenizer folder.")
+    overrides = _check_decoding_overrides(decoding_defaults)
+    if push:  # before any heavy work: without a token the run would end in a failed push
+        token = resolve_token(token, "Nothing was written.")
+
+    source, source_hub_id = _resolve_source(model)
+    is_adapter = (source / "adapter_config.json").is_file()
+    if not is_adapter and not (source / "config.json").is_file():
+        raise CardInputError(
+            f"--model {model}: no config.json (model) or adapter_config.json (LoRA adapter) in {source}; pass a "
+            "checkpoint folder saved with save_pretrained."
+        )
+    if is_adapter and overrides:
+        raise CardInputError(
+            "decoding defaults (" + ", ".join(DECODING_OVERRIDES[key] for key in overrides) + ") live in the base "
+            "model's generation_config.json; an adapter cannot set them. Publish the merged model instead."
+        )
+    _check_out(out, source, overwrite)
+    training = _find_trainer_state(trainer_state, source)
+
+    target = out.resolve()  # `out` may be spelled ".", whose parent is itself
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        common = dict(
+            repo_id=repo_id,
+            license=license,
+            datasets=datasets,
+            eval_reports=reports,
+            training=training,
+            example_prompt=example_prompt,
+            name=target.name,
+        )
+        official = False
+        if is_adapter:
+            kind = "adapter"
+            base_id, base_info, notes = _write_adapter(source, staging, base_model, tokenizer)
+            card = build_adapter_card(staging, base_model=base_id, **common, **base_info)
+        else:
+            kind = "model"
+            official, _, notes = _write_model(source, staging, tokenizer, overrides)
+            card = build_model_card(staging, base_model=base_model or source_hub_id, official_source=official, **common)
+        card.save(staging / "README.md")
+        if target.exists():
+            # Empty, or a flat folder of files with --overwrite (checked above): replace its files, keep the folder
+            # itself (it may be the working directory).
+            for entry in target.iterdir():
+                entry.unlink()
+            for entry in staging.iterdir():
+                entry.rename(target / entry.name)
+        else:
+            staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+    files = sorted(str(path.relative_to(target)) for path in target.rglob("*") if path.is_file())
+    result = PublishResult(folder=out, kind=kind, files=files, card=card, official_source=official, notes=notes)
+    if push:
+        result.commit_url = push_folder(out, repo_id, private=private, token=token, endpoint=endpoint)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ push
+def _network_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+def resolve_token(token: str | None, consequence: str) -> str:
+    """`token`, or the one `huggingface_hub` finds (HF_TOKEN, `hf auth login`); `PushError` when there is none."""
+    try:
+        token = token or get_token()
+    except Exception as error:  # noqa: BLE001 - e.g. a failed OIDC token exchange
+        raise PushError(
+            f"--push could not obtain a Hugging Face token ({type(error).__name__}: {error}). {consequence}"
+        ) from None
+    if not token:
+        raise PushError(
+            "--push needs a Hugging Face access token with write permission, and none is set: run `hf auth login` "
+            f"or set the HF_TOKEN environment variable, then run the command again. {consequence}"
+        )
+    return token
+
+
+def push_folder(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    token: str | None = None,
+    endpoint: str | None = None,
+    commit_message: str | None = None,
+) -> str:
+    """Create `repo_id` if needed (`HfApi.create_repo`) and upload `folder` to it (`HfApi.upload_folder`); returns
+    the commit URL. Every failure (no token, rejected token, no network...) is one `PushError` message."""
+    from .. import __version__
+
+    folder = Path(folder)
+    check_repo_id(repo_id)
+    later = f"The folder {folder} is complete: push it later with `hf upload {repo_id} {folder} .`."
+    token = resolve_token(token, later)
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        api.create_repo(repo_id, private=True if private else None, exist_ok=True, repo_type="model")
+        info = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            commit_message=commit_message or f"Publish ReFusion model (refusion_hf {__version__})",
+        )
+    except HfHubHTTPError as error:
+        status = error.response.status_code if getattr(error, "response", None) is not None else None
+        detail = error.server_message or str(error).splitlines()[0]
+        if status == 401:
+            reason = (
+                "the token was rejected (401 Unauthorized): it is invalid or expired; run `hf auth login` with a "
+                "write token or set HF_TOKEN"
+            )
+        elif status == 403:
+            reason = (
+                f"the token may not write to {repo_id.split('/')[0]!r} (403 Forbidden): use a token with write "
+                "permission, or a namespace you own in --repo-id"
+            )
+        else:
+            reason = f"the Hub answered HTTP {status}: {detail}"
+        raise PushError(f"pushing to {repo_id} at {api.endpoint} failed: {reason}. {later}") from None
+    except OfflineModeIsEnabled:
+        raise PushError(f"pushing to {repo_id} is impossible while HF_HUB_OFFLINE is set; unset it. {later}") from None
+    except _network_errors() as error:
+        raise PushError(
+            f"could not reach the Hub at {api.endpoint} to push {repo_id} ({type(error).__name__}: {error}); check "
+            f"the network connection (and HF_ENDPOINT if set). {later}"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - the boundary with a remote service: one message, no traceback
+        raise PushError(f"pushing to {repo_id} failed ({type(error).__name__}: {error}). {later}") from None
+    return str(info.commit_url)

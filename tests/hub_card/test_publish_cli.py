@@ -1,0 +1,261 @@
+"""`refusion publish` end to end through `refusion_hf.cli.main`: the complete folder from an official-format
+checkpoint, pushing through the real `HfApi` client to a local stand-in of the Hub, and one clear error line
+(no traceback, exit code 1) for no token, no network, a rejected token and bad arguments."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, constants
+from safetensors.torch import load_file
+
+from refusion_hf.cli import main
+from refusion_hf.hub_card import PushError, push_folder
+from refusion_hf.modeling import RefusionConfig, RefusionForCausalLM
+from refusion_hf.modeling.remote_code import collect_bundle_modules
+
+from .conftest import FIXTURE, REPO_ID, SYNTHETIC_EVAL, write_json
+from .hub_standin import HubStandIn
+
+REFUSION_DEFAULTS = {
+    "decoding": "refusion",
+    "slot_size": 32,
+    "block_size": None,
+    "slot_threshold": 0.9,
+    "token_threshold": 0.4,
+    "mask_token_id": 3,
+}
+
+
+def expected_files() -> set[str]:
+    remote_code = set(collect_bundle_modules(RefusionConfig, RefusionForCausalLM))
+    return {
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } | remote_code
+
+
+def folder_files(folder) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    code = main(["publish", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_clear_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("refusion publish: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    """The push tests talk to loopback stand-ins: make them independent of an HF_HUB_OFFLINE in the environment."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture
+def no_token(monkeypatch, tmp_path):
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-here"))
+
+
+def test_cli_publishes_official_checkpoint_in_our_format(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(capsys, "--model", FIXTURE, "--out", out)
+    assert code == 0
+    files = folder_files(out)
+    assert set(files) == expected_files()
+    assert "official-format checkpoint" in stdout and "--repo-id" in stdout
+
+    config = json.loads(files["config.json"])
+    assert config["model_type"] == "refusion" and config["architectures"] == ["RefusionForCausalLM"]
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_refusion.RefusionForCausalLM"
+    assert config["auto_map"]["AutoConfig"] == "configuration_refusion.RefusionConfig"
+    generation = json.loads(files["generation_config.json"])
+    assert {key: generation.get(key) for key in REFUSION_DEFAULTS} == REFUSION_DEFAULTS
+
+    # Weights: the very same tensors as the source checkpoint, as safetensors.
+    source, published = load_file(FIXTURE / "model.safetensors"), load_file(out / "model.safetensors")
+    assert source.keys() == published.keys() and all(torch.equal(source[k], published[k]) for k in source)
+
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "transformers" and "custom_code" in card.data.tags
+    assert card.data.eval_results is None and card.data.base_model is None
+    assert "trust_remote_code=True" in card.text and "## Evaluation" not in card.text
+    # Without --repo-id the card is named after the folder and the snippet shows where the id goes.
+    assert card.text.lstrip().startswith("# out\n") and 'model_id = "<your-namespace>/out"' in card.text
+    assert "## Training details" not in card.text
+
+
+def test_cli_push_uploads_the_folder_through_hfapi(capsys, tmp_path, monkeypatch, inputs_dir):
+    with HubStandIn() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", hub.token)
+        out = tmp_path / "out"
+        code, stdout, err = run_cli(
+            capsys,
+            "--model",
+            FIXTURE,
+            "--out",
+            out,
+            "--repo-id",
+            REPO_ID,
+            "--push",
+            "--private",
+            "--eval",
+            inputs_dir / "synthetic.json",
+        )
+        assert code == 0, err
+        assert hub.unexpected == []
+        assert hub.repos == {
+            REPO_ID: {"name": "tiny-refusion", "organization": "test-org", "visibility": "private", "type": "model"}
+        }
+        assert len(hub.commits) == 1
+        commit = hub.commits[0]
+        assert commit.repo_id == REPO_ID and commit.revision == "main" and commit.other_operations == []
+        # Exactly the published folder, byte for byte: weights, config, remote code, tokenizer, card.
+        assert commit.files == folder_files(out)
+        assert set(commit.files) == expected_files()
+        assert "refusion_hf" in commit.summary
+        # The card passed the (stand-in's) metadata validation and carries the eval results.
+        assert hub.validated_cards == [commit.files["README.md"].decode()]
+        assert ModelCard(hub.validated_cards[0]).data.eval_results[0].metric_value == 0.55
+        assert f"Pushed to {REPO_ID}: {hub.url}/{REPO_ID}/commit/" in stdout
+
+        # Pushing again updates the existing repository (create_repo answers 409, exist_ok).
+        code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", out, "--overwrite", "--repo-id", REPO_ID, "--push")
+        assert code == 0, err
+        assert len(hub.commits) == 2 and set(hub.repos) == {REPO_ID}
+
+        # A token the Hub rejects: one line naming the problem; nothing more was committed.
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+        code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "again", "--repo-id", REPO_ID, "--push")
+        assert_one_clear_error(code, err, "rejected (401 Unauthorized)", "hf auth login", "push it later")
+        assert len(hub.commits) == 2 and (tmp_path / "again" / "README.md").is_file()
+
+
+def test_push_without_token_is_one_clear_message(capsys, tmp_path, monkeypatch, no_token):
+    with HubStandIn() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        out = tmp_path / "out"
+        code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", out, "--repo-id", REPO_ID, "--push")
+        assert_one_clear_error(code, err, "needs a Hugging Face access token", "hf auth login", "HF_TOKEN")
+        assert "Nothing was written" in err and not out.exists()  # checked before the model is even loaded
+        assert hub.requests == []  # nothing was sent
+
+        # The Python API, given a finished folder: same message, pointing at the folder to upload later.
+        run_cli(capsys, "--model", FIXTURE, "--out", out)
+        with pytest.raises(PushError, match=re.escape(f"`hf upload {REPO_ID} {out} .`")):
+            push_folder(out, REPO_ID)
+        assert hub.requests == []
+
+
+def test_push_without_network_is_one_clear_message(capsys, tmp_path, monkeypatch):
+    with socket.socket() as probe:  # a loopback port with nobody listening
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", closed)
+    monkeypatch.setenv("HF_TOKEN", "hf_some_token")
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", "--repo-id", REPO_ID, "--push")
+    assert_one_clear_error(code, err, f"could not reach the Hub at {closed}", "ConnectError", "network")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    code, _, err = run_cli(
+        capsys, "--model", FIXTURE, "--out", tmp_path / "out", "--overwrite", "--repo-id", REPO_ID, "--push"
+    )
+    assert_one_clear_error(code, err, "HF_HUB_OFFLINE is set")
+
+
+def _no_mask_checkpoint(tmp_path):
+    folder = tmp_path / "no-mask"
+    shutil.copytree(FIXTURE, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["mask_token_id"]
+    write_json(folder / "config.json", config)
+    return folder
+
+
+BAD_ARGUMENTS = [
+    (["--push"], ["--push needs --repo-id"]),
+    (["--repo-id", "tiny-refusion"], ["--repo-id 'tiny-refusion' has no namespace"]),
+    (["--repo-id", "test-org/bad name"], ["--repo-id", "not a Hub repository id"]),
+    (["--private"], ["--private only applies"]),
+    (["--license", "Apache 2.0"], ["--license 'Apache 2.0'", "apache-2.0"]),
+    (["--base-model", "TMPDIR"], ["--base-model", "local path"]),
+    (["--dataset", "not a/valid id"], ["--dataset"]),
+    (["--eval", "missing.json"], ["--eval missing.json: no such file", "refusion eval --json"]),
+    (["--eval", "BROKEN_EVAL"], ["'refusion.tokens_per_second'"]),
+    (["--block-size", "12", "--slot-size", "8"], ["--slot-size, --block-size", "multiple of `slot_size`"]),
+    (["--block-size", "12"], ["(--block-size)", "multiple of `slot_size` (32)"]),  # the checkpoint's slot size
+    (["--slot-threshold", "-1"], ["--slot-threshold", "`slot_threshold` must be a number >= 0"]),
+    (["--max-new-tokens", "0"], ["--max-new-tokens must be an integer >= 1"]),
+    (["--tokenizer", "TMPDIR"], ["--tokenizer", "no tokenizer_config.json"]),
+    (["--example-prompt", " "], ["--example-prompt"]),
+]
+
+
+@pytest.mark.parametrize("extra, fragments", BAD_ARGUMENTS, ids=[" ".join(args) for args, _ in BAD_ARGUMENTS])
+def test_bad_arguments_fail_early_with_one_line(capsys, tmp_path, monkeypatch, extra, fragments):
+    monkeypatch.chdir(tmp_path)
+    broken = {**SYNTHETIC_EVAL, "refusion": {"accuracy": 0.5}}
+    substitutions = {"BROKEN_EVAL": write_json(tmp_path / "broken.json", broken), "TMPDIR": tmp_path}
+    extra = [substitutions.get(arg, arg) for arg in extra]
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", *extra)
+    assert_one_clear_error(code, err, *fragments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_sources_and_out_folders(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    cases = [
+        (["--model", tmp_path / "nowhere/at/all"], ["--model", "no such folder"]),
+        (["--model", _no_mask_checkpoint(tmp_path)], ["no mask_token_id", "refusion convert"]),
+        (["--model", tmp_path / "no-mask" / "config.json"], ["is a file"]),
+        (["--model", tmp_path], ["no config.json (model) or adapter_config.json"]),
+    ]
+    for args, fragments in cases:
+        code, _, err = run_cli(capsys, *args, "--out", out)
+        assert_one_clear_error(code, err, *fragments)
+        assert not out.exists()
+
+    # A Hub id cannot be fetched offline: one message, not a traceback from the download machinery.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    code, _, err = run_cli(capsys, "--model", "test-org/not-cached", "--out", out)
+    assert_one_clear_error(code, err, "--model test-org/not-cached", "downloading it from the Hub failed")
+
+    # --out must not be the checkpoint itself, nor a non-empty folder unless --overwrite (which replaces it).
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", FIXTURE / "sub")
+    assert_one_clear_error(code, err, "inside --model")
+    out.mkdir()
+    (out / "stale.bin").write_bytes(b"old")
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", out)
+    assert_one_clear_error(code, err, "is not empty", "--overwrite")
+    assert (out / "stale.bin").exists()
+    code, _, _ = run_cli(capsys, "--model", FIXTURE, "--out", out, "--overwrite")
+    assert code == 0 and set(folder_files(out)) == expected_files()  # the stale file is gone
+    # --overwrite never deletes something that is not a published folder.
+    (out / "project").mkdir()
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", out, "--overwrite")
+    assert_one_clear_error(code, err, "has subfolders")
+    monkeypatch.chdir(out)
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", ".", "--overwrite")
+    assert_one_clear_error(code, err, "working or home directory")
+    assert (out / "project").is_dir() and (out / "config.json").is_file()
+    assert not [path for path in tmp_path.iterdir() if ".partial-" in path.name]  # no staging left behind
