@@ -41,7 +41,13 @@ def run_bare(code: str, tmp_path: Path, timeout: int = 300) -> dict:
         "TRANSFORMERS_VERBOSITY": "error",
     }
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp_path
+        [sys.executable, str(script)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=tmp_path,
     )
     if result.returncode != 0:
         raise AssertionError(f"bare-environment script failed:\n{result.stdout}\n{result.stderr}")
