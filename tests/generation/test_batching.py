@@ -31,7 +31,7 @@ def batches(draw):
     return prompts, knobs
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=batches())
 def test_each_row_of_a_batch_decodes_as_alone(model64, batch):
     prompts, knobs = batch
