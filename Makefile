@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PROMPT ?= t5 t6 t7 t8 t9 t10
+PROMPT ?= Ann has 12 apples. She buys 5 more. Then she gives away 3. How many apples does Ann have now?
 
 .PHONY: install test lint demo
 
@@ -23,4 +23,4 @@ test: lint
 	$(BIN)/python -m pytest
 
 demo: install
-	$(BIN)/refusion generate "$(PROMPT)"
+	$(BIN)/refusion generate "$(PROMPT)" --show-order

@@ -1,0 +1,306 @@
+"""Train the embedded default ReFusion model: the paper's recipe at small scale, on 2 CPU cores.
+
+Stages (each writes a folder under --work-dir and is skipped when that folder is complete, so the recipe can be
+resumed or partly re-run):
+
+1. data       train / held-out JSONL from the seeded synthetic suite (`refusion_hf.evaluation.synthetic_tasks`).
+2. tokenizer  a byte-level BPE trained here on the training text (one token per digit, so arithmetic is
+              learnable), with a chat template; special tokens <|endoftext|> (pad), <|im_start|>, <|im_end|> (EOS).
+3. ar_base    a small Qwen3 trained from scratch as an ordinary causal LM with the stock `Trainer` (loss on the
+              answer + EOS only, the prompt is context).
+4. converted  `refusion convert` (adds <|mask|> and <|beginoftext|>, mean-initialised rows, our config + code).
+5. refusion   `refusion train`: ReFusion fine-tuning (slot-permutation collator, AR + MDM loss) for N steps.
+6. ar_continued  the controlled baseline: the same ar_base trained autoregressively for the same N extra steps.
+
+Then the ReFusion model is copied (with tuned decoding defaults in its generation_config.json) into the package
+at src/refusion_hf/assets/default_model when --install is given.
+
+    .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --install
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    DataCollatorForSeq2Seq,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Trainer,
+    TrainingArguments,
+)
+
+from refusion_hf.cli import main as refusion_cli
+from refusion_hf.evaluation.synthetic_tasks import write_jsonl
+from refusion_hf.training.data import load_sft_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_MODEL = ROOT / "src" / "refusion_hf" / "assets" / "default_model"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TRAIN_SEED = 1234
+SEGMENT_SEEDS = (TRAIN_SEED, 4321)  # seeds of the ReFusion fine-tuning segments
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def stage_data(work: Path, train_examples: int) -> Path:
+    data = work / "data"
+    if (data / "train.jsonl").exists():
+        return data
+    data.mkdir(parents=True, exist_ok=True)
+    write_jsonl(data / "train.jsonl", "train", train_examples, seed=TRAIN_SEED)
+    log(f"data: {train_examples} training problems")
+    return data
+
+
+def stage_tokenizer(work: Path, data: Path, vocab_size: int) -> Path:
+    folder = work / "tokenizer"
+    if (folder / "tokenizer.json").exists():
+        return folder
+    texts = []
+    for line in (data / "train.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        texts.extend(message["content"] for message in record["messages"])
+    tokenizer = Tokenizer(models.BPE())
+    # One token per digit (a leading space stays with the first digit), then byte-level BPE.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r" ?\d"), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+    )
+    wrapped.save_pretrained(folder)
+    log(f"tokenizer: {len(wrapped)} tokens")
+    return folder
+
+
+def training_arguments(output_dir: Path, steps: int, learning_rate: float, batch_size: int, **extra):
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=min(200, steps // 10),
+        weight_decay=0.01,
+        logging_steps=50,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=TRAIN_SEED,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **extra,
+    )
+
+
+def causal_lm_features(data_file: Path, tokenizer) -> list[dict]:
+    """Prompt + answer + EOS, loss on the answer and EOS only."""
+    dataset = load_sft_dataset(data_file, tokenizer, max_length=tokenizer.model_max_length)
+    return [
+        {"input_ids": f["input_ids"], "labels": [-100] * f["prompt_length"] + f["input_ids"][f["prompt_length"] :]}
+        for f in dataset.features
+    ]
+
+
+def train_causal_lm(model, tokenizer, features, output_dir: Path, steps: int, learning_rate: float, batch_size: int):
+    trainer = Trainer(
+        model=model,
+        args=training_arguments(output_dir, steps, learning_rate, batch_size),
+        train_dataset=features,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
+    )
+    trainer.train()
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    trainer.state.save_to_json(str(output_dir / "trainer_state.json"))
+
+
+def stage_ar_base(work: Path, data: Path, tokenizer_dir: Path, args) -> Path:
+    folder = work / "ar_base"
+    if (folder / "model.safetensors").exists():
+        return folder
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        intermediate_size=args.hidden_size * 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden_size // 64,
+        num_key_value_heads=max(1, args.hidden_size // 128),
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(TRAIN_SEED)
+    model = Qwen3ForCausalLM(config)
+    log(f"ar_base: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {args.ar_steps} steps")
+    features = causal_lm_features(data / "train.jsonl", tokenizer)
+    train_causal_lm(model, tokenizer, features, folder, args.ar_steps, args.ar_learning_rate, args.batch_size)
+    return folder
+
+
+def stage_convert(work: Path, ar_base: Path) -> Path:
+    folder = work / "converted"
+    if not (folder / "model.safetensors").exists():
+        refusion_cli(["convert", "--base", str(ar_base), "--out", str(folder)])
+    return folder
+
+
+def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
+    """ReFusion fine-tuning in segments (each a fresh cosine schedule continuing from the previous weights)."""
+    source = converted
+    for index, steps in enumerate(args.finetune_steps):
+        folder = work / ("refusion" if index == 0 else f"refusion{index + 1}")
+        if not (folder / "model.safetensors").exists():
+            log(f"{folder.name}: {steps} steps")
+            refusion_cli(
+                [
+                    "train",
+                    "--model",
+                    str(source),
+                    "--data",
+                    str(data / "train.jsonl"),
+                    "--output-dir",
+                    str(folder),
+                    "--slot-sizes",
+                    args.slot_sizes,
+                    "--max-steps",
+                    str(steps),
+                    "--learning-rate",
+                    str(args.finetune_learning_rate),
+                    "--per-device-train-batch-size",
+                    str(args.batch_size),
+                    "--lr-scheduler-type",
+                    "cosine",
+                    "--warmup-steps",
+                    "50",
+                    "--logging-steps",
+                    "100",
+                    "--save-strategy",
+                    "no",
+                    "--report-to",
+                    "none",
+                    "--use-cpu",
+                    "--seed",
+                    str(SEGMENT_SEEDS[index % len(SEGMENT_SEEDS)]),
+                    "--disable-tqdm",
+                    "true",
+                ]
+            )
+        source = folder
+    return source
+
+
+def stage_ar_continued(work: Path, data: Path, ar_base: Path, args) -> Path:
+    folder = work / "ar_continued"
+    if (folder / "model.safetensors").exists():
+        return folder
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(ar_base)
+    model = Qwen3ForCausalLM.from_pretrained(ar_base)
+    steps = sum(args.finetune_steps)
+    log(f"ar_continued: {steps} more autoregressive steps")
+    features = causal_lm_features(data / "train.jsonl", tokenizer)
+    train_causal_lm(model, tokenizer, features, folder, steps, args.finetune_learning_rate, args.batch_size)
+    return folder
+
+
+def install(refusion_dir: Path, decoding: dict) -> None:
+    """Copy the trained ReFusion model into the package with tuned decoding defaults."""
+    if PACKAGE_MODEL.exists():
+        shutil.rmtree(PACKAGE_MODEL)
+    shutil.copytree(
+        refusion_dir, PACKAGE_MODEL, ignore=shutil.ignore_patterns("checkpoint-*", "*.py", "runs", "training_args.bin")
+    )
+    config_path = PACKAGE_MODEL / "generation_config.json"
+    config = json.loads(config_path.read_text())
+    config.update(decoding)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    size = sum(p.stat().st_size for p in PACKAGE_MODEL.rglob("*") if p.is_file())
+    log(f"installed into {PACKAGE_MODEL} ({size / 1e6:.1f} MB)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", default=str(ROOT / "out" / "default_model"))
+    parser.add_argument("--train-examples", type=int, default=60000)
+    parser.add_argument("--vocab-size", type=int, default=768)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--ar-steps", type=int, default=2500)
+    parser.add_argument("--ar-learning-rate", type=float, default=2e-3)
+    parser.add_argument(
+        "--finetune-steps",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1200, 2400],
+        help="ReFusion fine-tuning segments, comma-separated step counts",
+    )
+    parser.add_argument("--finetune-learning-rate", type=float, default=1e-3)
+    parser.add_argument("--slot-sizes", default="4,8")
+    parser.add_argument("--stop-after", choices=["data", "tokenizer", "ar_base", "converted", "refusion"])
+    parser.add_argument("--install", action="store_true", help="copy the ReFusion model into the package")
+    parser.add_argument(
+        "--decoding",
+        default='{"max_new_tokens": 128, "slot_size": 8, "slot_threshold": 0.6, "token_threshold": 0.3}',
+        help="JSON of decoding defaults written into the installed model",
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    data = stage_data(work, args.train_examples)
+    tokenizer = stage_tokenizer(work, data, args.vocab_size)
+    if args.stop_after in ("data", "tokenizer"):
+        return
+    ar_base = stage_ar_base(work, data, tokenizer, args)
+    log(f"ar_base done ({(time.time() - start) / 60:.1f} min so far)")
+    if args.stop_after == "ar_base":
+        return
+    converted = stage_convert(work, ar_base)
+    if args.stop_after == "converted":
+        return
+    refusion = stage_refusion(work, data, converted, args)
+    log(f"refusion done ({(time.time() - start) / 60:.1f} min so far)")
+    if args.stop_after == "refusion":
+        return
+    stage_ar_continued(work, data, ar_base, args)
+    log(f"ar_continued done ({(time.time() - start) / 60:.1f} min in all)")
+    if args.install:
+        install(refusion, json.loads(args.decoding))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
