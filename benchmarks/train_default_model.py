@@ -273,7 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--install", action="store_true", help="copy the ReFusion model into the package")
     parser.add_argument(
         "--decoding",
-        default='{"max_new_tokens": 128, "slot_size": 8, "slot_threshold": 0.6, "token_threshold": 0.3}',
+        default=json.dumps(
+            {"max_new_tokens": 64, "slot_size": 8, "block_size": 16, "slot_threshold": 0.6, "token_threshold": 0.3}
+        ),
         help="JSON of decoding defaults written into the installed model",
     )
     args = parser.parse_args(argv)
