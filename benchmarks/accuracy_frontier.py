@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.evaluation.harness import EvalSettings, evaluate_decodings
 from refusion_hf.evaluation.suites import synthetic_problems
+from refusion_hf.generation.cli import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOT_SIZES = (1, 4, 8)
@@ -31,7 +32,9 @@ def summary(result: dict, decoding: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work-dir", default=str(ROOT / "out" / "default_model"))
+    parser.add_argument("--model", default=None, help="ReFusion model (default: the embedded one)")
+    parser.add_argument("--work-dir", default=str(ROOT / "out" / "default_model"), help="holds ar_continued/")
+    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--limit", type=int, default=60)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -42,13 +45,15 @@ def main() -> None:
     problems = synthetic_problems(seed=args.seed, limit=args.limit)  # all three families; code runs sandboxed
     results: dict = {"seed": args.seed, "problems": len(problems), "runs": []}
 
-    tokenizer = AutoTokenizer.from_pretrained(work / "refusion")
-    model = RefusionForCausalLM.from_pretrained(work / "refusion").eval()
+    model_dir = args.model or default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = RefusionForCausalLM.from_pretrained(model_dir).eval()
     for slot_size in SLOT_SIZES:
         for slot_threshold, token_threshold in THRESHOLDS:
             settings = EvalSettings(
                 max_new_tokens=args.max_new_tokens,
                 slot_size=slot_size,
+                block_size=args.block_size,
                 slot_threshold=slot_threshold,
                 token_threshold=token_threshold,
                 seed=args.seed,
@@ -66,7 +71,7 @@ def main() -> None:
             print(json.dumps(run), flush=True)
 
     baseline_dir = work / "ar_continued"
-    if baseline_dir.exists():
+    if (baseline_dir / "model.safetensors").exists():
         baseline = RefusionForCausalLM.from_pretrained(baseline_dir).eval()
         result = evaluate_decodings(
             baseline,

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import GenerationConfig, Qwen3ForCausalLM
 
-from refusion_hf import RefusionConfig, RefusionForCausalLM, RefusionGenerationConfig, RefusionGenerationOutput
+from refusion_hf import RefusionForCausalLM, RefusionGenerationConfig, RefusionGenerationOutput
+from tests.tiny_models import tiny_refusion_model
 
 PROMPT = torch.tensor([[32, 24, 53, 31, 52, 63, 5, 38]])
 KNOBS = dict(max_new_tokens=13, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
@@ -142,22 +143,6 @@ def test_autoregressive_fallback_keeps_left_padding_semantics(model64):
     assert torch.equal(batch[0, 5:], alone[0, 3:])
 
 
-def _tiny_model_without_special_tokens():
-    config = RefusionConfig(
-        vocab_size=16,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        mask_token_id=3,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return RefusionForCausalLM(config).eval()
-
-
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -192,7 +177,7 @@ def test_bad_inputs_name_the_argument(model64):
 
 
 def test_missing_eos_is_reported():
-    model = _tiny_model_without_special_tokens()
+    model = tiny_refusion_model(vocab_size=16, mask_token_id=3, max_position_embeddings=64)
     with pytest.raises(ValueError, match=r"needs an EOS token: pass `eos_token_id=`"):
         model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2)
     assert model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2, eos_token_id=1).shape == (1, 6)

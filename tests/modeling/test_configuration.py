@@ -6,6 +6,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Qwen3Confi
 
 import refusion_hf
 from refusion_hf import RefusionConfig, RefusionForCausalLM
+from tests.tiny_models import tiny_refusion_model
 
 
 def test_official_config_loads_with_mask_token(fixture_path):
@@ -18,18 +19,9 @@ def test_official_config_loads_with_mask_token(fixture_path):
 
 
 def test_config_without_mask_token_loads_but_decoding_asks_for_it():
-    config = RefusionConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        eos_token_id=1,
-    )
+    model = tiny_refusion_model(eos_token_id=1)
+    config = model.config
     assert config.mask_token_id is None
-    model = RefusionForCausalLM(config).eval()
     with pytest.raises(ValueError, match=r"config.mask_token_id.*tokenizer.mask_token_id"):
         model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2)
 
