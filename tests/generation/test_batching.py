@@ -27,6 +27,7 @@ def batches(draw):
         block_size=block_size,
         slot_threshold=draw(st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.01])),
         token_threshold=draw(st.sampled_from([0.0, 0.1, 0.3, 0.6, 0.9, 1.01])),
+        plan_ahead=draw(st.booleans()),
     )
     return prompts, knobs
 

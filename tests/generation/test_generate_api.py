@@ -128,6 +128,19 @@ def test_sampling_is_reproducible_with_manual_seed(model64):
     assert len(draws) > 1, "temperature > 0 samples"
 
 
+def test_planning_ahead_draws_the_same_samples(model64):
+    """A plan that rides along draws its Gumbel noise only when it is used, so sampling consumes the random
+    stream exactly as without planning ahead."""
+    knobs = dict(KNOBS, temperature=1.0, max_new_tokens=32, token_threshold=0.1)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        ahead = model64.generate(PROMPT, return_dict_in_generate=True, **knobs)
+        torch.manual_seed(seed)
+        alone = model64.generate(PROMPT, return_dict_in_generate=True, plan_ahead=False, **knobs)
+        assert torch.equal(ahead.sequences, alone.sequences)
+        assert ahead.num_forward_passes <= alone.num_forward_passes
+
+
 def test_autoregressive_fallback_is_stock_greedy_decoding(model64, fixture_path):
     stock = Qwen3ForCausalLM.from_pretrained(fixture_path, dtype=torch.float64).eval()
     ours = model64.generate(PROMPT, decoding="autoregressive", max_new_tokens=10)
@@ -154,6 +167,7 @@ def test_autoregressive_fallback_keeps_left_padding_semantics(model64):
         (dict(max_new_tokens=0), r"`max_new_tokens` must be greater than 0"),
         (dict(temperature=-1.0), r"`temperature` must be >= 0"),
         (dict(decoding="beam"), r"`decoding` must be one of"),
+        (dict(plan_ahead="yes"), r"`plan_ahead` must be True or False"),
         (dict(max_new_tokens=600), r"needs \d+ positions, more than `max_position_embeddings` \(512\)"),
         (dict(no_such_knob=1), r"does not use with ReFusion decoding: \['no_such_knob'\]"),
     ],

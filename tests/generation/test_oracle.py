@@ -2,7 +2,8 @@
 
 The comparison is the one the oracle README prescribes (tests/oracle.py): on hole-free cases the tokens up to
 the first EOS equal the reference's, padding follows, and we never use more forward passes; on the case where
-the reference's EOS-in-infill defect left a hole, our output has none.
+the reference's EOS-in-infill defect left a hole, our output has none. Planning ahead (the default) only saves
+forward passes: without it, the forward passes equal the reference's.
 """
 
 import pytest
@@ -14,9 +15,9 @@ CASES = load_cases()
 HOLE_CASES = [case["id"] for case in CASES if not expected(case).hole_free]
 
 
-def decode(model, case):
+def decode(model, case, **overrides):
     ids = torch.tensor([case["prompt_ids"]])
-    out = model.generate(ids, return_dict_in_generate=True, **generate_kwargs(case))
+    out = model.generate(ids, return_dict_in_generate=True, **generate_kwargs(case), **overrides)
     return out.sequences[0, ids.shape[1] :].tolist(), out
 
 
@@ -25,6 +26,27 @@ def test_matches_authors_decoder(model64, case):
     generated, out = decode(model64, case)
     problem = mismatch(case, generated, out.num_forward_passes)
     assert problem is None, problem
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
+def test_without_planning_ahead_forward_passes_equal_the_authors(model64, case):
+    generated, out = decode(model64, case, plan_ahead=False)
+    assert mismatch(case, generated, out.num_forward_passes) is None
+    if expected(case).hole_free:
+        assert out.num_forward_passes == case["forward_calls"]
+
+
+def test_planning_ahead_changes_nothing_but_forward_passes(model64):
+    saved = []
+    for case in CASES:
+        _, ahead = decode(model64, case)
+        _, alone = decode(model64, case, plan_ahead=False)
+        assert torch.equal(ahead.sequences, alone.sequences), case["id"]
+        assert torch.equal(ahead.commit_step, alone.commit_step), case["id"]
+        assert ahead.chosen_slots == alone.chosen_slots, case["id"]
+        assert ahead.num_forward_passes <= alone.num_forward_passes, case["id"]
+        saved.append(alone.num_forward_passes - ahead.num_forward_passes)
+    assert sum(saved) > 1000 and sum(s > 0 for s in saved) > 100, "the plans that rode along were used"
 
 
 def test_the_public_set_exercises_every_branch():

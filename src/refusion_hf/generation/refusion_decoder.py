@@ -10,6 +10,13 @@ Each sequence is a `SequenceDecoder`: an explicit state machine over the stages
     INFILL_VERIFY   each chosen slot verifies its tokens autoregressively; when every slot is complete,
                     the slots are committed together with the KV each computed alone (full KV reuse).
 
+Planning ahead (`DecodingSettings.plan_ahead`): a VERIFY or INFILL_VERIFY query also carries the next PLAN's
+mask tokens, seeing every token of the current query. When the current stage then commits exactly those tokens
+and the pool is the one assumed, the next plan's inputs are the same as in a PLAN forward of its own (same cache
+entries in the same order, same masks at the same positions), so its logits are used and that forward is saved;
+otherwise they are discarded. Results do not change (up to float rounding of a differently shaped matmul); only
+forward passes are saved.
+
 `decode_batch` drives all sequences in lock step: every loop iteration asks each unfinished sequence for its
 next `Query` (tokens, original positions, which query tokens see which), runs ONE model forward for all of
 them on top of one shared KV cache, and hands each sequence its logits. A sequence answers with the query
@@ -50,6 +57,7 @@ class DecodingSettings:
     temperature: float  # 0 = greedy
     mask_token_id: int
     eos_token_ids: tuple[int, ...]
+    plan_ahead: bool = True  # run the next plan inside verification forwards (see the module docstring)
 
     @property
     def canvas_length(self) -> int:  # L rounded up to a multiple of k
@@ -111,6 +119,14 @@ class ChosenSlots:
     verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
 
 
+@dataclass(frozen=True)
+class Lookahead:
+    """The next plan's masks appended to a verification query, and what that plan assumes."""
+
+    slots: list[int]  # the pool the next plan would have
+    after: int  # query tokens before the masks: all of them must be committed, in query order
+
+
 class SequenceDecoder:
     """ReFusion decoding state of one sequence; see the module docstring for the stages."""
 
@@ -137,6 +153,7 @@ class SequenceDecoder:
         self.trace_chosen: list[list[int]] = []
         self.plan_drafts: torch.LongTensor | None = None  # [len(pool), k], for draft streaming
         self.chosen: ChosenSlots | None = None
+        self.lookahead: Lookahead | None = None  # set by `query` when the next plan rides along
 
     # ----------------------------------------------------------------------------------------- helpers
     def _block_slots(self, block: int) -> list[int]:
@@ -212,12 +229,44 @@ class SequenceDecoder:
             tokens = slot_tokens.flatten()
             positions = self._slot_positions([chosen.slots[i] for i in rows])
             visible = block_diagonal_causal(len(rows), k, self.device)
+            if self.stage is Stage.INFILL_VERIFY:
+                return self._with_lookahead(Query(tokens, positions, visible))
             return Query(tokens, positions, visible)
         context = self.context
         if context is not None:
             tokens = torch.cat([context, tokens])
             positions = torch.cat([torch.arange(context.shape[0], device=self.device), positions])
-        return Query(tokens, positions, causal(tokens.shape[0], self.device), num_context=self._num_context())
+        query = Query(tokens, positions, causal(tokens.shape[0], self.device), num_context=self._num_context())
+        return self._with_lookahead(query) if self.stage is Stage.VERIFY else query
+
+    def _pool_after_commit(self) -> list[int]:
+        """The pool of the next plan if this iteration commits every chosen slot."""
+        chosen = set(self.chosen.slots)
+        rest = [slot for slot in self.pool if slot not in chosen]
+        if rest or self.ends_after_block or self.block + 1 >= self.settings.num_blocks:
+            return rest
+        return self._block_slots(self.block + 1)
+
+    def _with_lookahead(self, query: Query) -> Query:
+        """Append the next plan's masks to a verification query (when planning ahead): they see every query
+        token and, causally, each other; the query's own tokens do not see them."""
+        slots = self._pool_after_commit() if self.settings.plan_ahead else []
+        if not slots:
+            return query
+        q = query.tokens.shape[0]
+        masks = torch.full((len(slots) * self.settings.slot_size,), self.settings.mask_token_id, device=self.device)
+        m = masks.shape[0]
+        visible = torch.zeros(q + m, q + m, dtype=torch.bool, device=self.device)
+        visible[:q, :q] = query.visible
+        visible[q:, :q] = True
+        visible[q:, q:] = causal(m, self.device)
+        self.lookahead = Lookahead(slots, after=q)
+        return Query(
+            torch.cat([query.tokens, masks]),
+            torch.cat([query.positions, self._slot_positions(slots)]),
+            visible,
+            num_context=query.num_context,
+        )
 
     def _num_context(self) -> int:
         return 0 if self.context is None else self.context.shape[0]
@@ -227,14 +276,24 @@ class SequenceDecoder:
         """Consume this sequence's logits of the last forward ([num_scored, V]); return the indices (into the
         query) of the tokens whose KV stays in the cache, in cache order."""
         self.forward_passes += 1
+        lookahead, self.lookahead = self.lookahead, None
+        if lookahead is not None:
+            logits, ahead_logits = logits[: lookahead.after], logits[lookahead.after :]
         stage = self.stage
         if stage is Stage.PLAN:
             return self._plan(logits)
         if stage is Stage.VERIFY:
-            return self._verify(logits)
-        if stage is Stage.INFILL_DRAFT:
+            keep = self._verify(logits)
+        elif stage is Stage.INFILL_DRAFT:
             return self._infill_draft(logits)
-        return self._infill_verify(logits)
+        else:
+            keep = self._infill_verify(logits)
+        # Verification stages commit a prefix of their query (`keep` = 0 .. m-1). The plan that rode along
+        # holds when that prefix is the whole query and the pool is the one it assumed.
+        if lookahead is not None and self.stage is Stage.PLAN:
+            if keep.numel() == lookahead.after and self.pool == lookahead.slots:
+                self._plan(ahead_logits)  # no context here: it keeps nothing
+        return keep
 
     def _plan(self, logits: torch.Tensor) -> torch.LongTensor:
         k, settings = self.settings.slot_size, self.settings

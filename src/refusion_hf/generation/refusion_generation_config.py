@@ -25,6 +25,7 @@ REFUSION_FIELDS: dict[str, Any] = {
     "slot_threshold": 0.9,
     "token_threshold": 0.4,
     "mask_token_id": None,
+    "plan_ahead": True,
 }
 
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -52,6 +53,10 @@ class RefusionGenerationConfig(GenerationConfig):
         values above 1 accept only the tokens that are always accepted (one per round).
     mask_token_id (`int`, *optional*):
         Id of `<|mask|>`; taken from the model config when unset.
+    plan_ahead (`bool`, defaults to `True`):
+        Run the next step's plan inside the forward that verifies the current step, and use it when that step
+        commits everything it verified (otherwise it is discarded). Same tokens, fewer forward passes; `False`
+        runs every plan as a forward of its own, as the authors' decoder does.
 
     `temperature` 0 (or unset) is greedy; above 0, drafts are drawn by Gumbel-max sampling at that temperature
     (reproducible with `torch.manual_seed`).
@@ -110,6 +115,8 @@ class RefusionGenerationConfig(GenerationConfig):
                 raise ValueError(
                     f"`{name}` must be a number >= 0 (values above 1 are allowed and mean 'never'), got {value!r}."
                 )
+        if not isinstance(self.plan_ahead, bool):
+            raise ValueError(f"`plan_ahead` must be True or False, got {self.plan_ahead!r}.")
         if self.temperature is not None and (math.isnan(self.temperature) or self.temperature < 0):
             raise ValueError(f"`temperature` must be >= 0 (0 is greedy), got {self.temperature!r}.")
 

@@ -53,7 +53,7 @@ class RefusionGenerationMixin:
             logits_processor, stopping_criteria, prefix_allowed_tokens_fn, synced_gpus, assistant_model:
                 autoregressive decoding only (`decoding="autoregressive"`).
             kwargs: overrides of generation-config fields: `max_new_tokens`, `slot_size`, `block_size`,
-                `slot_threshold`, `token_threshold`, `temperature`, `mask_token_id`, `eos_token_id`,
+                `slot_threshold`, `token_threshold`, `plan_ahead`, `temperature`, `mask_token_id`, `eos_token_id`,
                 `pad_token_id`, `return_dict_in_generate`, `decoding`.
 
         Returns:
@@ -189,6 +189,7 @@ class RefusionGenerationMixin:
             temperature=temperature,
             mask_token_id=int(mask_token_id),
             eos_token_ids=eos_ids,
+            plan_ahead=config.plan_ahead,
         )
         limit = getattr(self.config, "max_position_embeddings", None)
         longest = int(lengths.max()) + canvas_length
