@@ -1,8 +1,8 @@
 """Accuracy against tokens per forward: a sweep of ReFusion decoding settings on the trained default model,
 against token-level parallel decoding on the same weights (slot size 1), autoregressive decoding of the same
-weights. All on the synthetic test split, one process; writes JSON and a PNG plot. (The controlled AR baseline
-model of `train_default_model.py`, `ar_continued`, has no mask token, and `evaluate_decodings` always runs both
-decodings, so it is not evaluated here yet.)
+weights, and the controlled AR baseline model of `train_default_model.py` (`ar_continued`: the same AR model
+trained autoregressively for as many extra steps as the ReFusion fine-tuning took). All on the synthetic test
+split, one process; writes JSON and a PNG plot.
 
     .venv/bin/python benchmarks/accuracy_frontier.py --seed 7 --limit 60
 """
@@ -24,6 +24,8 @@ from refusion_hf.generation.cli import default_model_path
 ROOT = Path(__file__).resolve().parents[1]
 SLOT_SIZES = (1, 4, 8)
 THRESHOLDS = ((0.9, 0.6), (0.6, 0.3), (0.3, 0.1), (0.0, 0.0))  # (slot_threshold, token_threshold)
+# Curves: (slot size, plan_ahead). Planning ahead changes forward passes only; slot 8 is also run without it.
+CURVES = tuple((slot_size, True) for slot_size in SLOT_SIZES) + ((8, False),)
 
 
 def summary(result: dict, decoding: str) -> dict:
@@ -38,16 +40,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--limit", type=int, default=60)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument(
+        "--ar-baseline",
+        default=str(ROOT / "out" / "default_model" / "ar_continued"),
+        help="the controlled AR baseline model (written by train_default_model.py); 'none' to leave it out",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "accuracy_frontier.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     problems = synthetic_problems(seed=args.seed, limit=args.limit)  # all three families; code runs sandboxed
     results: dict = {"seed": args.seed, "problems": len(problems), "runs": []}
 
+    if args.ar_baseline != "none":
+        results["ar_baseline_model"] = evaluate_ar_baseline(Path(args.ar_baseline), problems, args)
+        print(json.dumps({"ar_baseline_model": results["ar_baseline_model"]}), flush=True)
+
     model_dir = args.model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = RefusionForCausalLM.from_pretrained(model_dir).eval()
-    for slot_size in SLOT_SIZES:
+    for slot_size, plan_ahead in CURVES:
         for slot_threshold, token_threshold in THRESHOLDS:
             settings = EvalSettings(
                 max_new_tokens=args.max_new_tokens,
@@ -55,6 +66,7 @@ def main() -> None:
                 block_size=args.block_size,
                 slot_threshold=slot_threshold,
                 token_threshold=token_threshold,
+                plan_ahead=plan_ahead,
                 seed=args.seed,
                 allow_code_execution=True,
             )
@@ -63,7 +75,9 @@ def main() -> None:
                 "slot_size": slot_size,
                 "slot_threshold": slot_threshold,
                 "token_threshold": token_threshold,
+                "plan_ahead": plan_ahead,
                 "refusion": summary(result, "refusion"),
+                "speedup_over_autoregressive_same_weights": result["speedup"],
             }
             results["runs"].append(run)
             results["autoregressive_same_weights"] = summary(result, "autoregressive")
@@ -76,6 +90,19 @@ def main() -> None:
     print(json.dumps(results, indent=2))
 
 
+def evaluate_ar_baseline(folder: Path, problems, args) -> dict:
+    if not (folder / "model.safetensors").exists():
+        raise SystemExit(
+            f"no AR baseline model in {folder}: run benchmarks/train_default_model.py (its ar_continued stage) or "
+            "pass --ar-baseline none"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = RefusionForCausalLM.from_pretrained(folder).eval()  # a plain Qwen3 checkpoint loads as is
+    settings = EvalSettings(max_new_tokens=args.max_new_tokens, seed=args.seed, allow_code_execution=True)
+    result = evaluate_decodings(model, tokenizer, problems, settings, decodings=("autoregressive",))
+    return {"model": str(folder), **summary(result, "autoregressive")}
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -83,17 +110,21 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 4))
-    for slot_size in SLOT_SIZES:
-        runs = [r for r in results["runs"] if r["slot_size"] == slot_size]
+    for slot_size, plan_ahead in CURVES:
+        runs = [r for r in results["runs"] if (r["slot_size"], r["plan_ahead"]) == (slot_size, plan_ahead)]
         label = "token-level parallel (slot 1)" if slot_size == 1 else f"ReFusion, slot {slot_size}"
         axes.plot(
             [r["refusion"]["tokens_per_forward"] for r in runs],
             [r["refusion"]["accuracy"] for r in runs],
             marker="o",
-            label=label,
+            linestyle="-" if plan_ahead else "--",
+            label=label if plan_ahead else f"{label}, without planning ahead",
         )
     same = results["autoregressive_same_weights"]
     axes.scatter([1.0], [same["accuracy"]], marker="s", color="black", label="AR decoding, same weights", zorder=3)
+    baseline = results.get("ar_baseline_model")
+    if baseline is not None:
+        axes.scatter([1.0], [baseline["accuracy"]], marker="D", color="tab:red", label="AR baseline model", zorder=3)
     axes.set_xlabel("tokens per forward")
     axes.set_ylabel("accuracy (synthetic test split)")
     axes.legend(fontsize=7)

@@ -81,6 +81,47 @@ def test_synthetic_end_to_end_with_code_execution(tmp_path, capsys):
     assert "| refusion |" in printed and "| autoregressive |" in printed
 
 
+@pytest.fixture
+def ar_baseline(tmp_path):
+    """The fixture as a plain autoregressive checkpoint: no mask token in its config."""
+    folder = tmp_path / "ar_baseline"
+    folder.mkdir()
+    for item in Path(TINY).iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    del config["mask_token_id"]
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_an_autoregressive_baseline_is_evaluated_with_its_decoding_alone(tmp_path, ar_baseline, capsys):
+    out = tmp_path / "ar.json"
+    args = ["eval", "--model", ar_baseline, "--max-new-tokens", "8", "--limit", "3", "--json", str(out)]
+    assert main([*args, "--decodings", "autoregressive"]) == 0
+    results = json.loads(out.read_text())
+    assert "refusion" not in results and "speedup" not in results
+    assert results["autoregressive"]["tokens_per_forward"] == 1.0
+    assert results["settings"]["decodings"] == ["autoregressive"]
+    assert results["settings"]["refusion_decoding"] is None
+    assert "| autoregressive |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as raised:
+        main(args)
+    assert "has no mask token" in str(raised.value.code) and "--decodings autoregressive" in str(raised.value.code)
+    with pytest.raises(SystemExit) as raised:
+        main([*args, "--decodings", "autoregressive", "--slot-size", "4"])
+    assert "--slot-size set ReFusion decoding, which --decodings leaves out" in str(raised.value.code)
+
+
+def test_planning_ahead_can_be_switched_off(tmp_path):
+    ahead = run_eval(tmp_path, "--seed", "4", "--limit", "4", "--max-new-tokens", "24")
+    alone = run_eval(tmp_path, "--seed", "4", "--limit", "4", "--max-new-tokens", "24", "--no-plan-ahead")
+    assert ahead["settings"]["refusion_decoding"]["plan_ahead"] is True
+    assert alone["settings"]["refusion_decoding"]["plan_ahead"] is False
+    answers = [[entry["refusion"]["answer"] for entry in r["problems"]] for r in (ahead, alone)]
+    assert answers[0] == answers[1]
+    assert ahead["refusion"]["num_forward_passes"] < alone["refusion"]["num_forward_passes"]
+
+
 def test_the_seed_changes_the_problems_drawn(tmp_path):
     first = run_eval(tmp_path, "--seed", "1", "--limit", "2")
     second = run_eval(tmp_path, "--seed", "2", "--limit", "2")
@@ -171,6 +212,7 @@ def test_humaneval_from_the_installed_package(tmp_path):
         (["--slot-threshold", "-1"], "--slot-threshold: expected a number >= 0"),
         (["--families", "poems"], "--families: expected a comma-separated subset"),
         (["--suite", "squad"], "--suite: invalid choice"),
+        (["--decodings", "refusion,beam"], "--decodings: expected a comma-separated subset"),
     ],
 )
 def test_bad_arguments_name_the_option(args, message, capsys):

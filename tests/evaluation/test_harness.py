@@ -165,3 +165,35 @@ def test_humaneval_candidates_complete_the_prompt_or_replace_it():
 def test_eval_problem_without_prefix_uses_the_code_block():
     problem = EvalProblem(id="x", family="code", prompt="p", reference="assert f() == 1")
     assert problem.candidate_program("Here:\n```python\ndef f():\n    return 1\n```") == "def f():\n    return 1\n"
+
+
+def test_one_decoding_alone_for_a_baseline_model():
+    """`decodings=("autoregressive",)` evaluates a model that cannot decode with ReFusion: it is never asked to,
+    and the results have no comparison fields."""
+    problems = synthetic_problems(limit=4, seed=3, families=["arithmetic", "listing"])
+    truth = {p.prompt: p.answer for p in generate_problems("test", 4, seed=3, families=["arithmetic", "listing"])}
+    tokenizer = CharTokenizer()
+    model = ScriptedModel(tokenizer, {}, truth)
+    settings = EvalSettings(max_new_tokens=400, batch_size=3)
+    results = evaluate_decodings(model, tokenizer, problems, settings, decodings=("autoregressive",))
+    assert {call[0] for call in model.calls} == {"autoregressive"}
+    assert results["autoregressive"]["accuracy"] == 1.0
+    assert "refusion" not in results and "speedup" not in results and "accuracy_difference" not in results
+    assert results["settings"]["decodings"] == ["autoregressive"]
+    assert all(set(entry) >= {"autoregressive"} and "refusion" not in entry for entry in results["problems"])
+    table = markdown_table(results)
+    assert "| autoregressive | 1.000 (4/4) |" in table and "| refusion |" not in table
+    assert "| family | problems | autoregressive accuracy |" in table
+
+
+@pytest.mark.parametrize("decodings", [(), ("beam",), ("refusion", "refusion")])
+def test_bad_decodings_are_refused(decodings):
+    tokenizer = CharTokenizer()
+    with pytest.raises(ValueError, match="--decodings must be a non-empty subset of refusion,autoregressive"):
+        evaluate_decodings(
+            ScriptedModel(tokenizer, {}, {}),
+            tokenizer,
+            synthetic_problems(limit=1, seed=0),
+            EvalSettings(max_new_tokens=8),
+            decodings=decodings,
+        )

@@ -3,7 +3,8 @@
     refusion eval --suite synthetic --seed 1234 --limit 60 --json out.json
 
 Both decodings run in the same process on the same problems, alternating batch by batch; the markdown table goes to
-stdout and the full results (per-problem answers included) to `--json`.
+stdout and the full results (per-problem answers included) to `--json`. `--decodings autoregressive` evaluates a
+model that has no mask token (an autoregressive baseline) the same way.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ def _families(text: str) -> list[str]:
     return families
 
 
+def _decodings(text: str) -> tuple[str, ...]:
+    from .harness import DECODINGS
+
+    decodings = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not decodings or len(set(decodings)) != len(decodings) or not set(decodings) <= set(DECODINGS):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(DECODINGS)}, got {text!r}")
+    return decodings
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "eval",
@@ -85,7 +95,21 @@ def register(subparsers) -> None:
     parser.add_argument("--block-size", type=_positive_int, default=None)
     parser.add_argument("--slot-threshold", type=_non_negative_float, default=None)
     parser.add_argument("--token-threshold", type=_non_negative_float, default=None)
+    parser.add_argument(
+        "--plan-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the next plan inside verification forwards (default: the model's generation config, normally "
+        "on); --no-plan-ahead gives the authors' forward count",
+    )
     parser.add_argument("--temperature", type=_non_negative_float, default=None, help="0 (default) is greedy")
+    parser.add_argument(
+        "--decodings",
+        type=_decodings,
+        default=("refusion", "autoregressive"),
+        help="which decodings to run (default: both, side by side); 'autoregressive' alone evaluates a model "
+        "without a mask token, e.g. an AR baseline",
+    )
     parser.add_argument("--batch-size", type=_positive_int, default=1, help="prompts per generate call (left-padded)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     parser.add_argument(
@@ -140,7 +164,7 @@ def _progress(done: int, total: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..generation.cli import default_model_path, load_model_and_tokenizer
     from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
-    from .harness import EvalSettings, evaluate_decodings, markdown_table
+    from .harness import REFUSION_KNOBS, EvalSettings, evaluate_decodings, markdown_table
 
     allowed = code_execution_allowed(args.allow_code_execution)
     if args.suite in CODE_SUITES and not allowed:
@@ -153,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"refusion eval: error: --data-file is for --suite gsm8k or mbpp, not {args.suite}.")
     if args.code_timeout <= 0:
         raise SystemExit("refusion eval: error: --code-timeout must be > 0 seconds.")
+    knobs = [f"--{name.replace('_', '-')}" for name in REFUSION_KNOBS if getattr(args, name) is not None]
+    if "refusion" not in args.decodings and knobs:
+        raise SystemExit(
+            f"refusion eval: error: {', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "
+            "them or add refusion to --decodings."
+        )
     families = _resolve_families(args, allowed)
     try:
         problems = load_problems(args.suite, args.limit, args.seed, args.data_file, families, args.split)
@@ -164,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
+    if "refusion" in args.decodings and getattr(model.config, "mask_token_id", None) is None:
+        raise SystemExit(
+            "refusion eval: error: the model has no mask token (`mask_token_id` is not set in its config), so it "
+            "cannot decode with ReFusion: pass --decodings autoregressive to evaluate it as an autoregressive "
+            "model, or add the token with `refusion convert` (and fine-tune with `refusion train`)."
+        )
     generation_config = RefusionGenerationConfig.from_generation_config(model.generation_config)
     max_new_tokens = args.max_new_tokens or generation_config.max_new_tokens or EVAL_DEFAULT_MAX_NEW_TOKENS
     settings = EvalSettings(
@@ -175,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         slot_threshold=args.slot_threshold,
         token_threshold=args.token_threshold,
+        plan_ahead=args.plan_ahead,
         allow_code_execution=allowed,
         code_timeout=args.code_timeout,
     )
@@ -185,7 +222,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise SystemExit(f"refusion eval: error: bad decoding setting: {error}") from error
     results = evaluate_decodings(
-        model, tokenizer, problems, settings, progress=_progress if sys.stderr.isatty() else None
+        model,
+        tokenizer,
+        problems,
+        settings,
+        progress=_progress if sys.stderr.isatty() else None,
+        decodings=args.decodings,
     )
     resolved = {name: getattr(generation_config, name) for name in REFUSION_FIELDS if name != "decoding"}
     resolved.update({k: v for k, v in settings.refusion_kwargs().items() if k in resolved})
@@ -202,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
             "data_file": args.data_file,
             "dtype": args.dtype,
             "torch_threads": torch.get_num_threads(),
-            "refusion_decoding": resolved,
+            "refusion_decoding": resolved if "refusion" in args.decodings else None,
         }
     )
     print(markdown_table(results))

@@ -1,6 +1,7 @@
 """Evaluate ReFusion decoding and autoregressive decoding of the same weights side by side, in one process.
 
-Batches are decoded with both decodings back to back, alternating which goes first from batch to batch, so that
+Batches are decoded with both decodings back to back (or with one of them, to evaluate a baseline model that
+cannot decode with ReFusion), alternating which goes first from batch to batch, so that
 a slow spell of a shared machine hits both alike. Accuracy comes from the local metrics (numeric match, sandboxed
 pass@1, listing match), speed from the throughput metric.
 """
@@ -19,7 +20,7 @@ from .sandbox import require_opt_in
 from .suites import EvalProblem
 
 DECODINGS = ("refusion", "autoregressive")
-REFUSION_KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold")
+REFUSION_KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead")
 
 
 @dataclass
@@ -32,6 +33,7 @@ class EvalSettings:
     block_size: int | None = None
     slot_threshold: float | None = None
     token_threshold: float | None = None
+    plan_ahead: bool | None = None
     allow_code_execution: bool = False
     code_timeout: float = 5.0
     warmup: bool = True
@@ -146,12 +148,21 @@ def _score(problems: list[EvalProblem], answers: list[str], settings: EvalSettin
 
 
 def evaluate_decodings(
-    model, tokenizer, problems: list[EvalProblem], settings: EvalSettings, progress: Callable | None = None
+    model,
+    tokenizer,
+    problems: list[EvalProblem],
+    settings: EvalSettings,
+    progress: Callable | None = None,
+    decodings: Sequence[str] = DECODINGS,
 ) -> dict:
-    """Decode every problem with both decodings and score them; returns the results dictionary.
+    """Decode every problem with each of `decodings` (default: both) and score them; returns the results.
 
-    `progress(done, total)` is called after each batch (both decodings) with the number of problems decoded.
+    `progress(done, total)` is called after each batch (every decoding) with the number of problems decoded.
+    `"speedup"` and `"accuracy_difference"` (ReFusion minus autoregressive) are there when both decodings ran.
     """
+    decodings = tuple(decodings)
+    if not decodings or len(set(decodings)) != len(decodings) or not set(decodings) <= set(DECODINGS):
+        raise ValueError(f"--decodings must be a non-empty subset of {','.join(DECODINGS)}, got {decodings!r}.")
     if not problems:
         raise ValueError("there are no problems to evaluate: raise --limit.")
     if settings.batch_size < 1:
@@ -169,19 +180,19 @@ def evaluate_decodings(
 
     if settings.warmup:  # first calls pay one-off costs (allocations, lazy inits): keep them out of the timing
         input_ids, attention_mask = _left_pad([encoded[i] for i in batches[0]], pad_id)
-        for decoding in DECODINGS:
+        for decoding in decodings:
             _decode_batch(
                 model, decoding, input_ids, attention_mask, settings, eos_ids, min(8, settings.max_new_tokens)
             )
 
     records = {
-        d: {"num_tokens": [], "row_forward_passes": [], "num_forward_passes": [], "seconds": []} for d in DECODINGS
+        d: {"num_tokens": [], "row_forward_passes": [], "num_forward_passes": [], "seconds": []} for d in decodings
     }
-    answers = {d: [""] * len(problems) for d in DECODINGS}
-    lengths_of = {d: [0] * len(problems) for d in DECODINGS}
+    answers = {d: [""] * len(problems) for d in decodings}
+    lengths_of = {d: [0] * len(problems) for d in decodings}
     for batch_index, batch in enumerate(batches):
         input_ids, attention_mask = _left_pad([encoded[i] for i in batch], pad_id)
-        order = DECODINGS if batch_index % 2 == 0 else DECODINGS[::-1]
+        order = decodings if batch_index % 2 == 0 else decodings[::-1]
         for decoding in order:
             torch.manual_seed(settings.seed + batch_index)
             new, lengths, row_passes, call_passes, seconds = _decode_batch(
@@ -203,7 +214,7 @@ def evaluate_decodings(
         {"id": problem.id, "family": problem.family, "prompt": problem.prompt, "reference": problem.reference}
         for problem in problems
     ]
-    for decoding in DECODINGS:
+    for decoding in decodings:
         scores = _score(problems, answers[decoding], settings, metrics)
         speed = metrics["throughput"].compute(**records[decoding])
         families = sorted({problem.family for problem in problems})
@@ -220,10 +231,16 @@ def evaluate_decodings(
         }
         for entry, score, answer, length in zip(per_problem, scores, answers[decoding], lengths_of[decoding]):
             entry[decoding] = {"answer": answer, "num_tokens": length, **score}
-    ar_speed = results["autoregressive"]["tokens_per_second"]
-    results["speedup"] = results["refusion"]["tokens_per_second"] / ar_speed if ar_speed else None
-    results["accuracy_difference"] = results["refusion"]["accuracy"] - results["autoregressive"]["accuracy"]
-    results["settings"] = {**asdict(settings), "eos_token_ids": sorted(eos_ids), "pad_token_id": pad_id}
+    if len(decodings) == len(DECODINGS):
+        ar_speed = results["autoregressive"]["tokens_per_second"]
+        results["speedup"] = results["refusion"]["tokens_per_second"] / ar_speed if ar_speed else None
+        results["accuracy_difference"] = results["refusion"]["accuracy"] - results["autoregressive"]["accuracy"]
+    results["settings"] = {
+        **asdict(settings),
+        "decodings": list(decodings),
+        "eos_token_ids": sorted(eos_ids),
+        "pad_token_id": pad_id,
+    }
     results["problems"] = per_problem
     return results
 
@@ -231,19 +248,25 @@ def evaluate_decodings(
 def markdown_table(results: dict) -> str:
     header = "| decoding | accuracy | tokens/s | tokens/forward | forward passes | answer tokens | seconds |"
     lines = [header, "|---|---:|---:|---:|---:|---:|---:|"]
-    for decoding in DECODINGS:
+    decodings = [decoding for decoding in DECODINGS if decoding in results]
+    for decoding in decodings:
         r = results[decoding]
         lines.append(
             f"| {decoding} | {r['accuracy']:.3f} ({r['num_correct']}/{r['num_problems']}) | "
             f"{r['tokens_per_second']:.1f} | {r['tokens_per_forward']:.2f} | {r['num_forward_passes']} | "
             f"{r['num_tokens']} | {r['seconds']:.2f} |"
         )
-    families = sorted(results["refusion"]["per_family"])
+    families = sorted(results[decodings[0]]["per_family"])
     if len(families) > 1:
-        lines += ["", "| family | problems | refusion accuracy | autoregressive accuracy |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "| family | problems | " + " | ".join(f"{d} accuracy" for d in decodings) + " |",
+            "|---|---:|" + "---:|" * len(decodings),
+        ]
         for family in families:
-            ref, ar = results["refusion"]["per_family"][family], results["autoregressive"]["per_family"][family]
-            lines.append(f"| {family} | {ref['num_problems']} | {ref['accuracy']:.3f} | {ar['accuracy']:.3f} |")
+            parts = [results[d]["per_family"][family] for d in decodings]
+            accuracies = " | ".join(f"{part['accuracy']:.3f}" for part in parts)
+            lines.append(f"| {family} | {parts[0]['num_problems']} | {accuracies} |")
     if results.get("speedup") is not None:
         lines += [
             "",
