@@ -15,7 +15,8 @@ mask tokens, seeing every token of the current query. When the current stage the
 and the pool is the one assumed, the next plan's inputs are the same as in a PLAN forward of its own (same cache
 entries in the same order, same masks at the same positions), so its logits are used and that forward is saved;
 otherwise they are discarded. Results do not change (up to float rounding of a differently shaped matmul); only
-forward passes are saved.
+forward passes are saved. The masks ride along only when that outcome is likely: every draft still to be
+verified was drafted with a probability above the token threshold (extra query tokens are not free on a CPU).
 
 `decode_batch` drives all sequences in lock step: every loop iteration asks each unfinished sequence for its
 next `Query` (tokens, original positions, which query tokens see which), runs ONE model forward for all of
@@ -116,6 +117,7 @@ class ChosenSlots:
     slots: list[int]  # slot indices (slot s covers canvas [s*k, (s+1)*k))
     tokens: torch.LongTensor  # [n, k] current drafts
     scores: torch.Tensor  # [n] probability of each slot's first draft at planning time
+    draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
     verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
 
 
@@ -247,10 +249,24 @@ class SequenceDecoder:
             return rest
         return self._block_slots(self.block + 1)
 
+    def _likely_to_commit_all(self) -> bool:
+        """Whether every draft this verification must accept was drafted with probability above the token
+        threshold (the always-accepted token of each slot aside)."""
+        k, chosen = self.settings.slot_size, self.chosen
+        if self.stage is Stage.VERIFY:
+            forced = torch.zeros(len(chosen.slots), dtype=torch.long, device=self.device)  # first token
+        else:
+            forced = torch.tensor(chosen.verified, device=self.device)  # first unverified token
+        pending = torch.arange(k, device=self.device)[None, :] > forced[:, None]  # [n, k]
+        return bool((chosen.draft_probs[pending] > self.settings.token_threshold).all())
+
     def _with_lookahead(self, query: Query) -> Query:
-        """Append the next plan's masks to a verification query (when planning ahead): they see every query
-        token and, causally, each other; the query's own tokens do not see them."""
-        slots = self._pool_after_commit() if self.settings.plan_ahead else []
+        """Append the next plan's masks to a verification query (when planning ahead and the step will likely
+        commit everything): they see every query token and, causally, each other; the query's own tokens do
+        not see them. Verification queries carry no context, so query and scored indices coincide."""
+        if not self.settings.plan_ahead or not self._likely_to_commit_all():
+            return query
+        slots = self._pool_after_commit()
         if not slots:
             return query
         q = query.tokens.shape[0]
@@ -309,7 +325,10 @@ class SequenceDecoder:
         picked = picked.tolist()  # ascending = position order (the pool is kept sorted)
         self.plan_drafts = drafts.view(-1, k)
         self.chosen = ChosenSlots(
-            slots=[self.pool[i] for i in picked], tokens=self.plan_drafts[picked], scores=scores[picked]
+            slots=[self.pool[i] for i in picked],
+            tokens=self.plan_drafts[picked],
+            scores=scores[picked],
+            draft_probs=draft_probs.view(-1, k)[picked],
         )
         self.trace_chosen.append([slot * k for slot in self.chosen.slots])
         self.stage = Stage.VERIFY
@@ -346,11 +365,14 @@ class SequenceDecoder:
 
     def _infill_draft(self, logits: torch.Tensor) -> torch.LongTensor:
         k, chosen = self.settings.slot_size, self.chosen
-        proposals = logits.argmax(-1).view(-1, k)  # [unfinished, k]: each masked position predicts itself
+        proposals = logits.argmax(-1)  # [unfinished*k]: each masked position predicts itself
+        proposal_probs = self._probs(logits).gather(-1, proposals[:, None]).view(-1, k)  # [unfinished, k]
+        proposals = proposals.view(-1, k)
         unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
         for row, i in enumerate(unfinished):
             done = chosen.verified[i]
             chosen.tokens[i, done:] = proposals[row, done:]
+            chosen.draft_probs[i, done:] = proposal_probs[row, done:]
         self.stage = Stage.INFILL_VERIFY
         return self._nothing()
 
@@ -367,6 +389,7 @@ class SequenceDecoder:
             if self._is_eos(chosen.tokens[i, : chosen.verified[i]]).any():
                 # This slot ends the answer: later chosen slots and later undecoded slots are discarded.
                 chosen.slots, chosen.tokens = chosen.slots[: i + 1], chosen.tokens[: i + 1]
+                chosen.draft_probs = chosen.draft_probs[: i + 1]
                 chosen.verified = chosen.verified[:i] + [k]
                 self._drop_after(chosen.slots[i])
                 break
