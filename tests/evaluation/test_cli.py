@@ -14,7 +14,7 @@ import torch
 from refusion_hf.evaluation.cli import register
 
 TINY = str(Path(__file__).resolve().parents[1] / "data" / "tiny-qwen3-refusion")
-FAST = ["--model", TINY, "--max-new-tokens", "8", "--slot-size", "4"]
+FAST = ["--model", TINY, "--max-new-tokens", "8", "--slot-size", "4", "--timing-repeats", "1"]
 
 
 def main(argv):
@@ -72,6 +72,7 @@ def test_synthetic_end_to_end_with_code_execution(tmp_path, capsys):
     assert settings["refusion_decoding"]["mask_token_id"] == 3
     assert settings["allow_code_execution"] is True
     assert settings["torch_threads"] == 1  # the package fixture's setting, recorded
+    assert settings["timing_repeats"] == 1
     families = [entry["family"] for entry in results["problems"]]
     assert families == ["arithmetic", "code", "listing", "arithmetic", "code"]
     code = [entry for entry in results["problems"] if entry["family"] == "code"]

@@ -2,12 +2,14 @@
 correctly, autoregressive decoding only the arithmetic ones. Checks that right answers are scored right on every
 family (code through the sandbox), that counts and speeds add up, and that the decodings alternate."""
 
+import itertools
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from refusion_hf.evaluation import harness
 from refusion_hf.evaluation.harness import EvalSettings, answer_length, evaluate_decodings, markdown_table
 from refusion_hf.evaluation.suites import EvalProblem, humaneval_problems, synthetic_problems
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
@@ -197,3 +199,38 @@ def test_bad_decodings_are_refused(decodings):
             EvalSettings(max_new_tokens=8),
             decodings=decodings,
         )
+
+
+def test_timing_repeats_time_the_fastest_run_and_keep_one_answer(monkeypatch):
+    problems = synthetic_problems(limit=3, seed=2, families=["arithmetic"])
+    truth = {p.prompt: p.answer for p in generate_problems("test", 3, seed=2, families=["arithmetic"])}
+    tokenizer = CharTokenizer()
+    model = ScriptedModel(tokenizer, truth, truth)
+    durations = iter([5.0, 5.0, 1.0, 1.0, 3.0, 3.0] * 3)  # per problem, repeat r of both decodings
+    real_decode = harness._decode_batch
+
+    def timed_decode(*args, **kwargs):
+        new, lengths, row_passes, call_passes, _ = real_decode(*args, **kwargs)
+        return new, lengths, row_passes, call_passes, next(durations)
+
+    monkeypatch.setattr(harness, "_decode_batch", timed_decode)
+    settings = EvalSettings(max_new_tokens=400, timing_repeats=3, warmup=False)
+    results = evaluate_decodings(model, tokenizer, problems, settings)
+    assert len(model.calls) == 3 * 2 * 3  # problems x decodings x repeats
+    assert results["refusion"]["seconds"] == results["autoregressive"]["seconds"] == 3 * 1.0
+    assert results["refusion"]["accuracy"] == 1.0 and results["settings"]["timing_repeats"] == 3
+    assert "fastest of 3 interleaved runs" in markdown_table(results)
+
+
+def test_timing_repeats_refuse_a_decoding_that_changes_between_runs():
+    problems = synthetic_problems(limit=1, seed=2, families=["arithmetic"])
+    tokenizer = CharTokenizer()
+    answers = itertools.count()
+
+    class Flaky(dict):
+        def __getitem__(self, prompt):
+            return str(next(answers))
+
+    model = ScriptedModel(tokenizer, Flaky(), Flaky())
+    with pytest.raises(RuntimeError, match="different tokens when repeated with the same seed"):
+        evaluate_decodings(model, tokenizer, problems, EvalSettings(max_new_tokens=50, timing_repeats=2))
