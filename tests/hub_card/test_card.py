@@ -160,6 +160,12 @@ def test_eval_report_reader_tolerates_extras_and_names_missing_keys(tmp_path):
         with pytest.raises(CardSourceError, match=re.escape(expected)) as error:
             load_eval_report(write_json(tmp_path / f"bad{index}.json", data))
         assert "--eval" in str(error.value) and "refusion eval --json" in str(error.value)
+    ar_only = {
+        "settings": {**SYNTHETIC_EVAL["settings"], "decodings": ["autoregressive"]},
+        "autoregressive": SYNTHETIC_EVAL["autoregressive"],
+    }
+    with pytest.raises(CardSourceError, match="autoregressive results only .*both\\s+decodings"):
+        load_eval_report(write_json(tmp_path / "ar_only.json", ar_only))
     (tmp_path / "garbage.json").write_text("{not json")
     with pytest.raises(CardSourceError, match="not valid JSON"):
         load_eval_report(tmp_path / "garbage.json")

@@ -189,6 +189,12 @@ def load_eval_report(path: str | Path) -> EvalReport:
                 values[key] = block[key]
         return values
 
+    if "refusion" not in data and settings.get("decodings") == ["autoregressive"]:
+        raise CardSourceError(
+            f"--eval {path}: this report has autoregressive results only (`refusion eval --decodings "
+            "autoregressive`); the card reports ReFusion decoding: pass a report of `refusion eval` run with both "
+            "decodings (the default)."
+        )
     if "refusion" not in data:
         raise missing("'refusion'", "an object")
     return EvalReport(
