@@ -24,6 +24,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from refusion_hf import RefusionForCausalLM
 from refusion_hf.cli import main as refusion_cli
 from refusion_hf.evaluation.synthetic_tasks import write_jsonl
 from refusion_hf.training.data import load_sft_dataset
@@ -237,12 +239,18 @@ def stage_ar_continued(work: Path, data: Path, ar_base: Path, args) -> Path:
 
 
 def install(refusion_dir: Path, decoding: dict) -> None:
-    """Copy the trained ReFusion model into the package with tuned decoding defaults."""
+    """Copy the trained ReFusion model into the package, stored in bfloat16 (the dtype it runs in by default:
+    `from_pretrained` loads a checkpoint's own dtype), with tuned decoding defaults."""
     if PACKAGE_MODEL.exists():
         shutil.rmtree(PACKAGE_MODEL)
     shutil.copytree(
         refusion_dir, PACKAGE_MODEL, ignore=shutil.ignore_patterns("checkpoint-*", "*.py", "runs", "training_args.bin")
     )
+    with tempfile.TemporaryDirectory() as staging:
+        RefusionForCausalLM.from_pretrained(refusion_dir, dtype=torch.bfloat16).save_pretrained(staging)
+        for name in ("model.safetensors", "config.json"):
+            shutil.copyfile(Path(staging) / name, PACKAGE_MODEL / name)
+            (PACKAGE_MODEL / name).chmod(0o644)
     config_path = PACKAGE_MODEL / "generation_config.json"
     config = json.loads(config_path.read_text())
     config.update(decoding)

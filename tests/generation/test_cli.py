@@ -54,3 +54,46 @@ def test_trace_out_rejects_other_formats(fixture_path, tmp_path):
                 str(tmp_path / "t.svg"),
             ]
         )
+
+
+@pytest.fixture
+def bfloat16_checkpoint(fixture_path, tmp_path):
+    import torch
+
+    from refusion_hf import RefusionForCausalLM
+
+    folder = tmp_path / "bf16"
+    RefusionForCausalLM.from_pretrained(fixture_path, dtype=torch.bfloat16).save_pretrained(folder)
+    for item in fixture_path.iterdir():
+        if item.name.startswith(("tokenizer", "special_tokens")):
+            (folder / item.name).write_bytes(item.read_bytes())
+    return folder
+
+
+def test_auto_dtype_keeps_the_checkpoints_unless_the_cpu_lacks_bfloat16(bfloat16_checkpoint, monkeypatch, capsys):
+    import torch
+
+    from refusion_hf.generation import cli
+
+    monkeypatch.setattr(cli, "cpu_has_bfloat16_instructions", lambda: True)
+    assert cli.load_model_and_tokenizer(str(bfloat16_checkpoint))[0].dtype == torch.bfloat16
+    assert cli.load_model_and_tokenizer(str(bfloat16_checkpoint), "float32")[0].dtype == torch.float32
+    monkeypatch.setattr(cli, "cpu_has_bfloat16_instructions", lambda: False)
+    assert cli.load_model_and_tokenizer(str(bfloat16_checkpoint))[0].dtype == torch.float32
+    assert "no bfloat16 instructions: running in float32" in capsys.readouterr().err
+    assert cli.load_model_and_tokenizer(str(bfloat16_checkpoint), "bfloat16")[0].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="--dtype must be one of"):
+        cli.load_model_and_tokenizer(str(bfloat16_checkpoint), "float16")
+
+
+def test_cpu_bfloat16_detection_reads_cpuinfo_flags(tmp_path):
+    from refusion_hf.generation.cli import cpu_has_bfloat16_instructions
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    assert not cpu_has_bfloat16_instructions(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n")
+    assert cpu_has_bfloat16_instructions(info)
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n")  # Arm
+    assert cpu_has_bfloat16_instructions(info)
+    assert cpu_has_bfloat16_instructions(tmp_path / "missing")

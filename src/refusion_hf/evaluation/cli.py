@@ -118,7 +118,13 @@ def register(subparsers) -> None:
         help="decode every batch this many times per decoding (interleaved, same tokens) and time the fastest, "
         "so that stalls caused by other processes do not decide the speed comparison (default 3; 1 = once)",
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bfloat16", "float32", "float64"),
+        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
+        "instructions)",
+    )
     parser.add_argument(
         "--num-threads",
         type=_positive_int,
@@ -250,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
             "limit": args.limit,
             "num_problems": len(problems),
             "data_file": args.data_file,
-            "dtype": args.dtype,
+            "dtype": str(model.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
             "refusion_decoding": resolved if "refusion" in args.decodings else None,
         }

@@ -4,6 +4,7 @@ autoregressively with the same weights, with forward passes, tokens per forward 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -21,12 +22,39 @@ def default_model_path() -> Path:
     return Path(str(resources.files("refusion_hf").joinpath(DEFAULT_MODEL_RESOURCE)))
 
 
-def load_model_and_tokenizer(model: str | None, dtype: str = "float32"):
+DTYPES = ("auto", "bfloat16", "float32", "float64")
+
+
+def cpu_has_bfloat16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU computes in bfloat16 natively (x86 `avx512_bf16` / `amx_bf16`, Arm `bf16`), read from
+    /proc/cpuinfo; where that cannot be read, assume it does."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return True
+    flags = set(text.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
+    """The model (eval mode) and tokenizer. `dtype="auto"` keeps the checkpoint's own dtype (the embedded model is
+    stored in bfloat16), except that a bfloat16 checkpoint runs in float32 on a CPU without bfloat16 instructions,
+    where bfloat16 is emulated and slow (a note says so)."""
     from ..modeling import RefusionForCausalLM
 
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
     source = str(model) if model else str(default_model_path())
     tokenizer = AutoTokenizer.from_pretrained(source)
-    loaded = RefusionForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+    loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    if dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu":
+        if not cpu_has_bfloat16_instructions():
+            print(
+                "note: the checkpoint is bfloat16 but this CPU has no bfloat16 instructions: running in float32 "
+                "(pass --dtype bfloat16 to keep bfloat16).",
+                file=sys.stderr,
+            )
+            loaded = loaded.float()
     return loaded.eval(), tokenizer
 
 
@@ -51,7 +79,9 @@ def register(subparsers) -> None:
     parser.add_argument("--token-threshold", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    parser.add_argument(
+        "--dtype", default="auto", choices=DTYPES, help="default: the checkpoint's own (see load_model_and_tokenizer)"
+    )
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
     parser.add_argument("--show-order", action="store_true", help="colour the answer by the step that wrote it")
     parser.add_argument("--trace-out", default=None, help="draw the canvas per step into FILE (.png or .html)")
