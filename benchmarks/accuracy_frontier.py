@@ -46,18 +46,21 @@ def main() -> None:
         help="the controlled AR baseline model (written by train_default_model.py); 'none' to leave it out",
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "accuracy_frontier.json"))
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNG of --out's JSON")
     args = parser.parse_args()
+    if args.replot:
+        return replot(Path(args.out))
     torch.set_num_threads(1)
     problems = synthetic_problems(seed=args.seed, limit=args.limit)  # all three families; code runs sandboxed
     results: dict = {"seed": args.seed, "problems": len(problems), "runs": []}
 
-    if args.ar_baseline != "none":
-        results["ar_baseline_model"] = evaluate_ar_baseline(Path(args.ar_baseline), problems, args)
-        print(json.dumps({"ar_baseline_model": results["ar_baseline_model"]}), flush=True)
-
     model_dir = args.model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = RefusionForCausalLM.from_pretrained(model_dir).eval()
+    model = RefusionForCausalLM.from_pretrained(model_dir).eval()  # the checkpoint's dtype
+    results["dtype"] = str(model.dtype).removeprefix("torch.")
+    if args.ar_baseline != "none":
+        results["ar_baseline_model"] = evaluate_ar_baseline(Path(args.ar_baseline), problems, args, model.dtype)
+        print(json.dumps({"ar_baseline_model": results["ar_baseline_model"]}), flush=True)
     for slot_size, plan_ahead in CURVES:
         for slot_threshold, token_threshold in THRESHOLDS:
             settings = EvalSettings(
@@ -90,14 +93,20 @@ def main() -> None:
     print(json.dumps(results, indent=2))
 
 
-def evaluate_ar_baseline(folder: Path, problems, args) -> dict:
+def replot(json_path: Path) -> None:
+    """Redraw the PNG from a results JSON (`--replot`), without decoding anything."""
+    plot(json.loads(json_path.read_text()), json_path.with_suffix(".png"))
+
+
+def evaluate_ar_baseline(folder: Path, problems, args, dtype: torch.dtype) -> dict:
     if not (folder / "model.safetensors").exists():
         raise SystemExit(
             f"no AR baseline model in {folder}: run benchmarks/train_default_model.py (its ar_continued stage) or "
             "pass --ar-baseline none"
         )
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = RefusionForCausalLM.from_pretrained(folder).eval()  # a plain Qwen3 checkpoint loads as is
+    # A plain Qwen3 checkpoint loads as is; same dtype as the ReFusion model.
+    model = RefusionForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     settings = EvalSettings(max_new_tokens=args.max_new_tokens, seed=args.seed, allow_code_execution=True)
     result = evaluate_decodings(model, tokenizer, problems, settings, decodings=("autoregressive",))
     return {"model": str(folder), **summary(result, "autoregressive")}
@@ -109,7 +118,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(6, 4))
+    figure, axes = plt.subplots(figsize=(8, 4))
     for slot_size, plan_ahead in CURVES:
         runs = [r for r in results["runs"] if (r["slot_size"], r["plan_ahead"]) == (slot_size, plan_ahead)]
         label = "token-level parallel (slot 1)" if slot_size == 1 else f"ReFusion, slot {slot_size}"
@@ -124,10 +133,10 @@ def plot(results: dict, path: Path) -> None:
     axes.scatter([1.0], [same["accuracy"]], marker="s", color="black", label="AR decoding, same weights", zorder=3)
     baseline = results.get("ar_baseline_model")
     if baseline is not None:
-        axes.scatter([1.0], [baseline["accuracy"]], marker="D", color="tab:red", label="AR baseline model", zorder=3)
+        axes.scatter([1.0], [baseline["accuracy"]], marker="D", color="tab:purple", label="AR baseline model", zorder=3)
     axes.set_xlabel("tokens per forward")
     axes.set_ylabel("accuracy (synthetic test split)")
-    axes.legend(fontsize=7)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -1,10 +1,14 @@
-"""Decoder measurements for issue #3, side by side in one process; writes JSON.
+"""Decoder measurements, side by side in one process; writes JSON.
 
-1. Forward passes against the authors' decoder on the public oracle cases (float64, greedy): ours / theirs.
+1. Forward passes against the authors' decoder on the public oracle cases (float64, greedy): ours / theirs,
+   with and without planning ahead.
 2. Wall time of our decoder (chosen slots packed in one row under a block-diagonal mask, no cache copies)
    against the same algorithm with the authors' strategy for parallel infill (the prefix KV cache copied once
    per chosen slot with `repeat_interleave`, one row per slot). Both produce identical tokens (checked); runs
-   are interleaved and repeated, and we report medians of per-run ratios (this machine is noisy).
+   are interleaved and repeated, and we report medians of per-run ratios (this machine is noisy). Planning
+   ahead is off here: the copy strategy is the authors' algorithm.
+3. Planning ahead on / off on the embedded default model over synthetic test problems: forward passes and wall
+   time (identical tokens checked), interleaved per problem.
 
     .venv/bin/python benchmarks/decoder_speed.py --out benchmarks/results/decoder_speed.json
 """
@@ -97,6 +101,7 @@ def settings_for(model, **knobs) -> DecodingSettings:
         temperature=0.0,
         mask_token_id=model.config.mask_token_id,
         eos_token_ids=(model.config.eos_token_id,),
+        plan_ahead=knobs.get("plan_ahead", False),
     )
 
 
@@ -127,15 +132,61 @@ def compare(model, prompt: torch.Tensor, settings: DecodingSettings, rounds: int
     }
 
 
-def forward_pass_ratio(model64) -> dict:
+def plan_ahead_on_embedded_model(rounds: int, limit: int = 60, seed: int = 2026) -> dict:
+    """The embedded model with its own decoding defaults, on synthetic test problems (arithmetic + listing),
+    batch 1: planning ahead on / off, interleaved per problem; rounds repeat the whole set."""
+    from transformers import AutoTokenizer
+
+    from refusion_hf.evaluation.suites import synthetic_problems
+    from refusion_hf.generation.cli import default_model_path, encode_prompt
+
+    path = default_model_path()
+    model = RefusionForCausalLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    problems = synthetic_problems(limit, seed, families=["arithmetic", "listing"])
+    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
+    seconds = {True: [], False: []}
+    passes = {True: 0, False: 0}
+    ratios = []
+    for round_index in range(rounds + 1):  # round 0 warms up
+        totals = {True: 0.0, False: 0.0}
+        for index, ids in enumerate(prompts):
+            outputs = {}
+            order = (True, False) if index % 2 == 0 else (False, True)
+            for plan_ahead in order:
+                start = time.perf_counter()
+                out = model.generate(ids, return_dict_in_generate=True, plan_ahead=plan_ahead)
+                totals[plan_ahead] += time.perf_counter() - start
+                outputs[plan_ahead] = out
+                if round_index == 1:
+                    passes[plan_ahead] += out.num_forward_passes
+            assert torch.equal(outputs[True].sequences, outputs[False].sequences), "planning ahead changed tokens"
+        if round_index > 0:
+            for plan_ahead in (True, False):
+                seconds[plan_ahead].append(totals[plan_ahead])
+            ratios.append(totals[False] / totals[True])
+    return {
+        "problems": limit,
+        "seed": seed,
+        "forward_passes_plan_ahead": passes[True],
+        "forward_passes_without": passes[False],
+        "forward_ratio_without_over_plan_ahead": passes[False] / passes[True],
+        "median_seconds_plan_ahead": statistics.median(seconds[True]),
+        "median_seconds_without": statistics.median(seconds[False]),
+        "median_time_ratio_without_over_plan_ahead": statistics.median(ratios),
+    }
+
+
+def forward_pass_ratio(model64, plan_ahead: bool) -> dict:
     ours, theirs, per_case = 0, 0, []
     for case in load_cases():
         ids = torch.tensor([case["prompt_ids"]])
-        out = model64.generate(ids, return_dict_in_generate=True, **generate_kwargs(case))
+        out = model64.generate(ids, return_dict_in_generate=True, plan_ahead=plan_ahead, **generate_kwargs(case))
         ours += out.num_forward_passes
         theirs += case["forward_calls"]
         per_case.append((case["id"], out.num_forward_passes, case["forward_calls"]))
     return {
+        "plan_ahead": plan_ahead,
         "cases": len(per_case),
         "total_ours": ours,
         "total_authors": theirs,
@@ -155,7 +206,7 @@ def main() -> None:
     results: dict = {"torch_threads": torch.get_num_threads()}
 
     model64 = RefusionForCausalLM.from_pretrained(FIXTURE, dtype=torch.float64).eval()
-    results["forward_passes_vs_authors"] = forward_pass_ratio(model64)
+    results["forward_passes_vs_authors"] = [forward_pass_ratio(model64, plan_ahead) for plan_ahead in (False, True)]
 
     # Wall time on the oracle cases that enter parallel infill with several slots (tiny model, float32).
     model32 = RefusionForCausalLM.from_pretrained(FIXTURE, dtype=torch.float32).eval()
@@ -193,6 +244,8 @@ def main() -> None:
             "knobs": knobs,
             **compare(model, prompt, settings_for(model, **knobs), args.rounds),
         }
+
+    results["plan_ahead_embedded_model"] = plan_ahead_on_embedded_model(args.rounds)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
