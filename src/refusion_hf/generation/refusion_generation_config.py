@@ -54,9 +54,10 @@ class RefusionGenerationConfig(GenerationConfig):
     mask_token_id (`int`, *optional*):
         Id of `<|mask|>`; taken from the model config when unset.
     plan_ahead (`bool`, defaults to `True`):
-        Run the next step's plan inside the forward that verifies the current step, and use it when that step
-        commits everything it verified (otherwise it is discarded). Same tokens, fewer forward passes; `False`
-        runs every plan as a forward of its own, as the authors' decoder does.
+        When every draft of the current step was drafted above `token_threshold`, run the next step's plan inside
+        the forward that verifies the current step, and use it if that step commits everything it verified
+        (otherwise it is discarded). Same tokens (up to float rounding), fewer forward passes; `False` runs every
+        plan as a forward of its own, as the authors' decoder does.
 
     `temperature` 0 (or unset) is greedy; above 0, drafts are drawn by Gumbel-max sampling at that temperature
     (reproducible with `torch.manual_seed`).
