@@ -80,7 +80,11 @@ def register(subparsers) -> None:
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
     parser.add_argument(
-        "--dtype", default="auto", choices=DTYPES, help="default: the checkpoint's own (see load_model_and_tokenizer)"
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
+        "instructions)",
     )
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
     parser.add_argument("--show-order", action="store_true", help="colour the answer by the step that wrote it")
