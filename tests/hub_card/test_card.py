@@ -108,6 +108,7 @@ def test_card_body_usage_knobs_eval_training_limitations_citation(published):
         48,
     )
     assert "| `slot_size` | `8` |" in text and "| `token_threshold` | `0.5` |" in text
+    assert "| `plan_ahead` | `True` |" in text
     assert "| `mask_token_id` | `3` |" in text and "| `max_new_tokens` | `48` |" in text
 
     evaluation = text.split("## Evaluation", 1)[1].split("\n## ", 1)[0]

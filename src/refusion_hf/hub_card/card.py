@@ -133,6 +133,7 @@ class DecodingDefaults:
     temperature: float | None
     mask_token_id: int | None
     max_new_tokens: int
+    plan_ahead: bool = True
 
     @classmethod
     def from_generation_config(cls, config) -> DecodingDefaults:
@@ -147,6 +148,7 @@ class DecodingDefaults:
             mask_token_id=config.mask_token_id,
             # What generate() uses when neither the call nor the config sets a length.
             max_new_tokens=config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+            plan_ahead=config.plan_ahead,
         )
 
     @classmethod
@@ -192,6 +194,13 @@ class DecodingDefaults:
                 "value": _format(self.token_threshold, "g"),
                 "meaning": "A drafted token is accepted when its autoregressive probability, given everything before "
                 "it, exceeds this; otherwise the slot is re-drafted from there.",
+            },
+            {
+                "name": "plan_ahead",
+                "value": str(self.plan_ahead),
+                "meaning": "`True`: when every draft of a step looks likely to pass, the next step's plan runs in the "
+                "same forward as the verification (same tokens, fewer forward passes). `False`: one forward per plan, "
+                "as in the authors' decoder.",
             },
             {
                 "name": "temperature",

@@ -18,7 +18,15 @@ from .errors import CardSourceError
 
 DECODING_MODES = ("refusion", "autoregressive")
 # Settings of a `refusion eval` report that the card repeats (metric args in the model-index, notes in the body).
-DECODING_KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "temperature", "max_new_tokens")
+DECODING_KNOBS = (
+    "slot_size",
+    "block_size",
+    "slot_threshold",
+    "token_threshold",
+    "plan_ahead",
+    "temperature",
+    "max_new_tokens",
+)
 RUN_SETTINGS = ("seed", "limit", "split", "families", "num_problems", "batch_size", "dtype")
 REQUIRED_RATES = ("accuracy", "tokens_per_second", "tokens_per_forward")
 OPTIONAL_RATES = ("num_forward_passes",)
