@@ -120,6 +120,11 @@ class ChosenSlots:
     draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
     verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
 
+    def keep_first(self, n: int) -> None:
+        """Drop every chosen slot after the first `n`."""
+        self.slots, self.tokens, self.draft_probs = self.slots[:n], self.tokens[:n], self.draft_probs[:n]
+        self.verified = self.verified[:n]
+
 
 @dataclass(frozen=True)
 class Lookahead:
@@ -241,13 +246,16 @@ class SequenceDecoder:
         query = Query(tokens, positions, causal(tokens.shape[0], self.device), num_context=self._num_context())
         return self._with_lookahead(query) if self.stage is Stage.VERIFY else query
 
+    def _next_block_slots(self) -> list[int]:
+        """The slots of the block after the current one; none when decoding ends with the current block."""
+        if self.ends_after_block or self.block + 1 >= self.settings.num_blocks:
+            return []
+        return self._block_slots(self.block + 1)
+
     def _pool_after_commit(self) -> list[int]:
         """The pool of the next plan if this iteration commits every chosen slot."""
         chosen = set(self.chosen.slots)
-        rest = [slot for slot in self.pool if slot not in chosen]
-        if rest or self.ends_after_block or self.block + 1 >= self.settings.num_blocks:
-            return rest
-        return self._block_slots(self.block + 1)
+        return [slot for slot in self.pool if slot not in chosen] or self._next_block_slots()
 
     def _likely_to_commit_all(self) -> bool:
         """Whether every draft this verification must accept was drafted with probability above the token
@@ -366,13 +374,15 @@ class SequenceDecoder:
     def _infill_draft(self, logits: torch.Tensor) -> torch.LongTensor:
         k, chosen = self.settings.slot_size, self.chosen
         proposals = logits.argmax(-1)  # [unfinished*k]: each masked position predicts itself
-        proposal_probs = self._probs(logits).gather(-1, proposals[:, None]).view(-1, k)  # [unfinished, k]
+        # [unfinished, k]; only planning ahead reads the draft probabilities
+        probs = self._probs(logits).gather(-1, proposals[:, None]).view(-1, k) if self.settings.plan_ahead else None
         proposals = proposals.view(-1, k)
         unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
         for row, i in enumerate(unfinished):
             done = chosen.verified[i]
             chosen.tokens[i, done:] = proposals[row, done:]
-            chosen.draft_probs[i, done:] = proposal_probs[row, done:]
+            if probs is not None:
+                chosen.draft_probs[i, done:] = probs[row, done:]
         self.stage = Stage.INFILL_VERIFY
         return self._nothing()
 
@@ -388,9 +398,8 @@ class SequenceDecoder:
         for i in range(n):
             if self._is_eos(chosen.tokens[i, : chosen.verified[i]]).any():
                 # This slot ends the answer: later chosen slots and later undecoded slots are discarded.
-                chosen.slots, chosen.tokens = chosen.slots[: i + 1], chosen.tokens[: i + 1]
-                chosen.draft_probs = chosen.draft_probs[: i + 1]
-                chosen.verified = chosen.verified[:i] + [k]
+                chosen.keep_first(i + 1)
+                chosen.verified[i] = k
                 self._drop_after(chosen.slots[i])
                 break
         if min(chosen.verified) < k:
@@ -435,11 +444,10 @@ class SequenceDecoder:
             # Everything that will be returned is decoded; the rest of the canvas cannot change it.
             self.stage = Stage.DONE
         elif not self.pool:
+            self.pool = self._next_block_slots()
             self.block += 1
-            if self.ends_after_block or self.block >= self.settings.num_blocks:
+            if not self.pool:
                 self.stage = Stage.DONE
-            else:
-                self.pool = self._block_slots(self.block)
         return keep
 
 
