@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..generation.cli import DTYPES
 from .sandbox import ALLOW_ENV_VAR, code_execution_allowed
 from .suites import CODE_SUITES, SUITES, load_problems
 from .synthetic_tasks import FAMILIES
@@ -51,12 +52,14 @@ def _families(text: str) -> list[str]:
 
 
 def _decodings(text: str) -> tuple[str, ...]:
-    from .harness import DECODINGS
+    from .harness import DECODINGS, check_decodings
 
-    decodings = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not decodings or len(set(decodings)) != len(decodings) or not set(decodings) <= set(DECODINGS):
-        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(DECODINGS)}, got {text!r}")
-    return decodings
+    try:
+        return check_decodings(part.strip() for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {','.join(DECODINGS)}, got {text!r}"
+        ) from None
 
 
 def register(subparsers) -> None:
@@ -121,7 +124,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=("auto", "bfloat16", "float32", "float64"),
+        choices=DTYPES,
         help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
         "instructions)",
     )

@@ -150,6 +150,14 @@ def _score(problems: list[EvalProblem], answers: list[str], settings: EvalSettin
     return scores
 
 
+def check_decodings(decodings: Sequence[str]) -> tuple[str, ...]:
+    """`decodings` as a tuple, or a ValueError unless it is a non-empty subset of DECODINGS without repeats."""
+    decodings = tuple(decodings)
+    if not decodings or len(set(decodings)) != len(decodings) or not set(decodings) <= set(DECODINGS):
+        raise ValueError(f"--decodings must be a non-empty subset of {','.join(DECODINGS)}, got {decodings!r}.")
+    return decodings
+
+
 def evaluate_decodings(
     model,
     tokenizer,
@@ -163,9 +171,7 @@ def evaluate_decodings(
     `progress(done, total)` is called after each batch (every decoding) with the number of problems decoded.
     `"speedup"` and `"accuracy_difference"` (ReFusion minus autoregressive) are there when both decodings ran.
     """
-    decodings = tuple(decodings)
-    if not decodings or len(set(decodings)) != len(decodings) or not set(decodings) <= set(DECODINGS):
-        raise ValueError(f"--decodings must be a non-empty subset of {','.join(DECODINGS)}, got {decodings!r}.")
+    decodings = check_decodings(decodings)
     if not problems:
         raise ValueError("there are no problems to evaluate: raise --limit.")
     if settings.batch_size < 1:
