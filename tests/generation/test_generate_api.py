@@ -138,7 +138,7 @@ def test_planning_ahead_draws_the_same_samples(model64):
         torch.manual_seed(seed)
         alone = model64.generate(PROMPT, return_dict_in_generate=True, plan_ahead=False, **knobs)
         assert torch.equal(ahead.sequences, alone.sequences)
-        assert ahead.num_forward_passes <= alone.num_forward_passes
+        assert ahead.num_forward_passes < alone.num_forward_passes, "the plans that rode along were used"
 
 
 def test_autoregressive_fallback_is_stock_greedy_decoding(model64, fixture_path):
