@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..generation.cli import DTYPES
+from ..generation.cli import add_dtype_argument
 from .sandbox import ALLOW_ENV_VAR, code_execution_allowed
 from .suites import CODE_SUITES, SUITES, load_problems
 from .synthetic_tasks import FAMILIES
@@ -121,13 +121,7 @@ def register(subparsers) -> None:
         help="decode every batch this many times per decoding (interleaved, same tokens) and time the fastest, "
         "so that stalls caused by other processes do not decide the speed comparison (default 3; 1 = once)",
     )
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPES,
-        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
-        "instructions)",
-    )
+    add_dtype_argument(parser)
     parser.add_argument(
         "--num-threads",
         type=_positive_int,

@@ -36,6 +36,17 @@ def cpu_has_bfloat16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def add_dtype_argument(parser) -> None:
+    """`--dtype` of the commands that load a model with `load_model_and_tokenizer`."""
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
+        "instructions)",
+    )
+
+
 def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
     """The model (eval mode) and tokenizer. `dtype="auto"` keeps the checkpoint's own dtype (the embedded model is
     stored in bfloat16), except that a bfloat16 checkpoint runs in float32 on a CPU without bfloat16 instructions,
@@ -79,13 +90,7 @@ def register(subparsers) -> None:
     parser.add_argument("--token-threshold", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPES,
-        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
-        "instructions)",
-    )
+    add_dtype_argument(parser)
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
     parser.add_argument("--show-order", action="store_true", help="colour the answer by the step that wrote it")
     parser.add_argument("--trace-out", default=None, help="draw the canvas per step into FILE (.png or .html)")
