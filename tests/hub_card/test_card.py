@@ -73,7 +73,8 @@ def test_card_metadata_parses_and_validates(published):
         "batch_size": 1,
         "dtype": "float32",
     }
-    assert "first 60 problems" in synthetic.metric_name
+    assert synthetic.metric_name == "accuracy (ReFusion decoding, 60 problems drawn with seed 1234)"
+    assert results[("openai/openai_humaneval", "pass@1")].metric_name == "pass@1 (ReFusion decoding)"
 
     # The raw YAML is a model-index the Hub's format parser accepts, and it re-serialises unchanged.
     raw = front_matter(readme)
@@ -116,7 +117,7 @@ def test_card_body_usage_knobs_eval_training_limitations_citation(published):
     assert "| refusion_hf synthetic suite (seed-1234) | autoregressive | 0.5 | 40.0 | 1.00 | 850 |" in evaluation
     assert "| HumanEval | ReFusion | 0.25 | 88.0 | 2.00 | 90 |" in evaluation
     assert "3.01x the tokens/s of autoregressive decoding" in evaluation  # 120.5 / 40
-    assert "the first 60 problems only" in evaluation
+    assert "60 problems drawn with seed 1234" in evaluation and "first 60" not in evaluation
 
     training = text.split("## Training details", 1)[1].split("\n## ", 1)[0]
     assert "Optimizer steps: 40 of 40" in training and "Batch size per device: 4" in training
@@ -300,3 +301,14 @@ def test_chat_model_snippet_applies_the_chat_template(tmp_path):
     lines = printed.getvalue().splitlines()
     assert lines[0] == tokenizer.decode(expected.sequences[0, ids.shape[1] :], skip_special_tokens=True)
     assert lines[1].startswith(f"{expected.num_forward_passes} forward passes")
+
+
+def test_eval_report_names_the_problems_its_numbers_cover(tmp_path):
+    """The synthetic suite draws problems by seed; the public suites take the first N; no limit, all problems."""
+    for settings, expected in (
+        ({**SYNTHETIC_EVAL["settings"], "limit": 60, "seed": 7}, "60 problems drawn with seed 7"),
+        ({**HUMANEVAL_EVAL["settings"], "limit": 20}, "the first 20 problems only"),
+        (HUMANEVAL_EVAL["settings"], None),
+    ):
+        report = load_eval_report(write_json(tmp_path / "eval.json", {**SYNTHETIC_EVAL, "settings": settings}))
+        assert report.subset == expected

@@ -348,8 +348,8 @@ def _eval_context(reports: list[EvalReport]) -> dict[str, Any]:
             )
         settings = ", ".join(f"`{key}={value}`" for key, value in report.decoding_args().items()) or "defaults"
         note = f"{report.suite_info.dataset_name}: settings {settings}"
-        if report.limit is not None:
-            note += f"; the first {report.limit} problems only"
+        if report.subset:
+            note += f"; {report.subset}"
         if report.speedup is not None:
             note += f"; ReFusion decoding ran at {report.speedup:.2f}x the tokens/s of autoregressive decoding"
         notes.append(note + ".")

@@ -92,6 +92,17 @@ class EvalReport:
         return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
     @property
+    def subset(self) -> str | None:
+        """Which problems the numbers cover, in words, when a limit was set: the synthetic suite draws its
+        problems from the seed, the public suites take the first N."""
+        if self.limit is None:
+            return None
+        if self.suite == "synthetic":
+            seed = self.settings.get("seed")
+            return f"{self.limit} problems drawn with seed {seed}" if seed is not None else f"{self.limit} problems"
+        return f"the first {self.limit} problems only"
+
+    @property
     def speedup(self) -> float | None:
         """ReFusion tokens/s over autoregressive tokens/s, measured in the same run."""
         if not self.autoregressive or not self.autoregressive.get("tokens_per_second"):
@@ -121,7 +132,7 @@ class EvalReport:
         """The ReFusion-decoding results as model-index entries (the autoregressive baseline stays in the card's
         body: it is a comparison, not this model's score)."""
         info = self.suite_info
-        subset = f", first {self.limit} problems" if self.limit is not None else ""
+        subset = f", {self.subset}" if self.subset else ""
         common = dict(
             task_type="text-generation",
             task_name="Text Generation",
