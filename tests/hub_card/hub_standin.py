@@ -3,7 +3,9 @@
 ndjson commit payload) runs end to end without the network.
 
 Endpoints: `POST /api/repos/create`, `POST /api/validate-yaml`, `POST /api/models/{ns}/{name}/preupload/{rev}`
-(every file is "regular", so contents travel inline in the commit) and `POST /api/models/{ns}/{name}/commit/{rev}`.
+(every file is "regular", so contents travel inline in the commit), `POST /api/models/{ns}/{name}/commit/{rev}`
+and `GET /api/models/{ns}/{name}/tree/{rev}` (the files the commits left, one page). `files` holds each repository's
+current files: tests may seed it to stand for earlier pushes.
 Every request must carry `Authorization: Bearer <token>`; anything else answers 404 and is recorded as unexpected.
 """
 
@@ -19,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _PREUPLOAD = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/preupload/(?P<rev>[^/?]+)")
 _COMMIT = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/commit/(?P<rev>[^/?]+)")
+_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/?]+)")
 
 
 @dataclass
@@ -37,6 +40,7 @@ class HubStandIn:
         self.unexpected: list[tuple[str, str]] = []
         self.repos: dict[str, dict] = {}
         self.commits: list[Commit] = []
+        self.files: dict[str, dict[str, bytes]] = {}  # repo id -> path -> contents, after every commit
         self.preuploaded: list[str] = []
         self.validated_cards: list[str] = []
         self._lock = threading.Lock()
@@ -76,7 +80,7 @@ class HubStandIn:
         self._thread.join(timeout=5)
 
     # ------------------------------------------------------------------------------------------ handling
-    def _reply(self, handler, status: int, payload: dict, headers: dict | None = None) -> None:
+    def _reply(self, handler, status: int, payload: dict | list, headers: dict | None = None) -> None:
         body = json.dumps(payload).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
@@ -103,6 +107,8 @@ class HubStandIn:
             return self._preupload(handler, match["repo"], json.loads(body))
         if method == "POST" and (match := _COMMIT.match(path)):
             return self._commit(handler, match["repo"], match["rev"], body)
+        if method == "GET" and (match := _TREE.match(path)):
+            return self._tree(handler, match["repo"])
         with self._lock:
             self.unexpected.append((method, path))
         return self._reply(handler, 404, {"error": f"stand-in does not serve {method} {path}"})
@@ -114,7 +120,18 @@ class HubStandIn:
             if repo_id in self.repos:
                 return self._reply(handler, 409, {"error": "You already created this model repo", "url": url})
             self.repos[repo_id] = payload
+            self.files.setdefault(repo_id, {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
         return self._reply(handler, 200, {"url": url, "name": repo_id, "id": "0" * 24})
+
+    def _tree(self, handler, repo_id: str) -> None:
+        if repo_id not in self.repos:
+            return self._reply(handler, 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+        with self._lock:
+            entries = [
+                {"type": "file", "path": path, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                for path, data in sorted(self.files.get(repo_id, {}).items())
+            ]
+        return self._reply(handler, 200, entries)
 
     def _validate_yaml(self, handler, payload: dict) -> None:
         # The Hub checks the card's metadata before a commit; the stand-in applies huggingface_hub's own parser.
@@ -156,4 +173,9 @@ class HubStandIn:
         oid = hashlib.sha1(body).hexdigest()
         with self._lock:
             self.commits.append(commit)
+            files = self.files.setdefault(repo_id, {})
+            for item in commit.other_operations:
+                if item["key"] == "deletedFile":
+                    files.pop(item["value"]["path"], None)
+            files.update(commit.files)
         return self._reply(handler, 200, {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid})

@@ -138,16 +138,60 @@ def test_cli_push_uploads_the_folder_through_hfapi(capsys, tmp_path, monkeypatch
         assert ModelCard(hub.validated_cards[0]).data.eval_results[0].metric_value == 0.55
         assert f"Pushed to {REPO_ID}: {hub.url}/{REPO_ID}/commit/" in stdout
 
-        # Pushing again updates the existing repository (create_repo answers 409, exist_ok).
+        # Pushing again updates the existing repository (create_repo answers 409, exist_ok); nothing is stale.
         code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", out, "--overwrite", "--repo-id", REPO_ID, "--push")
         assert code == 0, err
-        assert len(hub.commits) == 2 and set(hub.repos) == {REPO_ID}
+        assert len(hub.commits) == 2 and set(hub.repos) == {REPO_ID} and hub.commits[1].other_operations == []
+        assert set(hub.files[REPO_ID]) == expected_files() | {".gitattributes"}
 
         # A token the Hub rejects: one line naming the problem; nothing more was committed.
         monkeypatch.setenv("HF_TOKEN", "hf_wrong")
         code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "again", "--repo-id", REPO_ID, "--push")
         assert_one_clear_error(code, err, "rejected (401 Unauthorized)", "hf auth login", "push it later")
         assert len(hub.commits) == 2 and (tmp_path / "again" / "README.md").is_file()
+
+
+def test_push_replaces_the_model_files_of_an_earlier_push_and_keeps_the_rest(capsys, tmp_path, monkeypatch):
+    """A repository that held a sharded model and an adapter: the new push must not leave a shard index, shards
+    or an adapter config that `from_pretrained` would read beside the new weights; the user's own files stay."""
+    earlier = {
+        "model-00001-of-00002.safetensors": b"old shard",
+        "model-00002-of-00002.safetensors": b"old shard",
+        "model.safetensors.index.json": b"{}",
+        "adapter_config.json": b"{}",
+        "special_tokens_map.json": b"{}",
+        "old_modeling.py": b"",
+        "config.json": b"{}",
+        "results.json": b"{}",
+        "notes/eval[1].md": b"mine",
+        "checkpoints/model.safetensors": b"mine too",
+        ".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n",
+    }
+    with HubStandIn() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", hub.token)
+        hub.repos[REPO_ID] = {"name": "tiny-refusion", "organization": "test-org", "type": "model"}
+        hub.files[REPO_ID] = dict(earlier)
+        out = tmp_path / "out"
+        code, stdout, err = run_cli(capsys, "--model", FIXTURE, "--out", out, "--repo-id", REPO_ID, "--push")
+        assert code == 0, err
+        assert hub.unexpected == []
+        stale = [
+            "adapter_config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+            "old_modeling.py",
+            "special_tokens_map.json",
+        ]
+        (commit,) = hub.commits
+        assert sorted(op["value"]["path"] for op in commit.other_operations) == stale
+        assert {op["key"] for op in commit.other_operations} == {"deletedFile"}
+        kept = {"results.json", "notes/eval[1].md", "checkpoints/model.safetensors", ".gitattributes"}
+        assert hub.files[REPO_ID] == folder_files(out) | {name: earlier[name] for name in kept}
+        assert f"deleted from {REPO_ID} the model files of an earlier push that this folder does not have: " in stdout
+        assert ", ".join(stale) in stdout
+        assert "kept in" in stdout and "checkpoints/model.safetensors, notes/eval[1].md, results.json" in stdout
 
 
 def test_push_without_token_is_one_clear_message(capsys, tmp_path, monkeypatch, no_token):

@@ -2,10 +2,11 @@
 
 from .card import DecodingDefaults, build_adapter_card, build_model_card
 from .errors import CardInputError, CardSourceError, PublishError, PushError
-from .publish import PublishResult, publish, push_folder
+from .publish import MODEL_FILE_PATTERNS, PublishResult, PushResult, publish, push_folder
 from .sources import EvalReport, TrainingSummary, load_eval_report, load_training_summary
 
 __all__ = [
+    "MODEL_FILE_PATTERNS",
     "CardInputError",
     "CardSourceError",
     "DecodingDefaults",
@@ -13,6 +14,7 @@ __all__ = [
     "PublishError",
     "PublishResult",
     "PushError",
+    "PushResult",
     "TrainingSummary",
     "build_adapter_card",
     "build_model_card",

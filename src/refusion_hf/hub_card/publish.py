@@ -9,10 +9,16 @@ weights as safetensors, the tokenizer when there is one, and its card.
 
 The folder is built next to `out` and moved into place only when complete, so a failed run never leaves a
 half-written folder behind. Inputs are validated before any heavy work.
+
+A push makes the repository's model the folder's: model files of an earlier push that the folder does not have
+(weights, a shard index, an adapter, remote code, tokenizer files; `MODEL_FILE_PATTERNS`, top level) are deleted
+in the same commit, so they cannot be loaded beside the new ones; any other file already there is kept and named.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import importlib
 import json
 import shutil
@@ -37,6 +43,29 @@ from .errors import CardInputError, PublishError, PushError
 from .sources import EvalReport, TrainingSummary, load_eval_report, load_training_summary
 
 OFFICIAL_MODEL_TYPE = "qwen3"
+# Top-level files that make up a model or an adapter in a Hub repository (what `from_pretrained` may read).
+MODEL_FILE_PATTERNS = (
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.h5",
+    "*.msgpack",
+    "*.gguf",
+    "*.index.json",
+    "*.py",
+    "*.model",
+    "config.json",
+    "generation_config.json",
+    "adapter_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template.*",
+)
 # Decoding defaults that can be baked into the published generation_config.json, with their CLI options.
 DECODING_OVERRIDES = {
     "slot_size": "--slot-size",
@@ -58,6 +87,13 @@ class PublishResult:
     official_source: bool = False
     commit_url: str | None = None
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PushResult:
+    commit_url: str
+    deleted: list[str]  # model files of an earlier push that the folder does not have, deleted by this commit
+    kept: list[str]  # other files already in the repository, left as they were
 
 
 # ------------------------------------------------------------------------------------------------- inputs
@@ -356,7 +392,18 @@ def publish(
     files = sorted(str(path.relative_to(target)) for path in target.rglob("*") if path.is_file())
     result = PublishResult(folder=out, kind=kind, files=files, card=card, official_source=official, notes=notes)
     if push:
-        result.commit_url = push_folder(out, repo_id, private=private, token=token, endpoint=endpoint)
+        pushed = push_folder(out, repo_id, private=private, token=token, endpoint=endpoint)
+        result.commit_url = pushed.commit_url
+        if pushed.deleted:
+            result.notes.append(
+                f"deleted from {repo_id} the model files of an earlier push that this folder does not have: "
+                + ", ".join(pushed.deleted)
+            )
+        if pushed.kept:
+            result.notes.append(
+                f"kept in {repo_id} files that are not part of the model: {', '.join(pushed.kept)} "
+                "(delete them with `hf repo-files delete` if they are stale)"
+            )
     return result
 
 
@@ -395,9 +442,10 @@ def push_folder(
     token: str | None = None,
     endpoint: str | None = None,
     commit_message: str | None = None,
-) -> str:
-    """Create `repo_id` if needed (`HfApi.create_repo`) and upload `folder` to it (`HfApi.upload_folder`); returns
-    the commit URL. Every failure (no token, rejected token, no network...) is one `PushError` message."""
+) -> PushResult:
+    """Create `repo_id` if needed (`HfApi.create_repo`) and upload `folder` to it (`HfApi.upload_folder`), deleting
+    in the same commit the repository's model files (`MODEL_FILE_PATTERNS`) that the folder does not have. Every
+    failure (no token, rejected token, no network...) is one `PushError` message."""
     from .. import __version__
 
     folder = Path(folder)
@@ -407,10 +455,12 @@ def push_folder(
     api = HfApi(endpoint=endpoint, token=token)
     try:
         api.create_repo(repo_id, private=True if private else None, exist_ok=True, repo_type="model")
+        deleted, kept = _stale_remote_files(api.list_repo_files(repo_id, repo_type="model"), folder)
         info = api.upload_folder(
             repo_id=repo_id,
             folder_path=str(folder),
             repo_type="model",
+            delete_patterns=[glob.escape(path) for path in deleted] or None,
             commit_message=commit_message or f"Publish ReFusion model (refusion_hf {__version__})",
         )
     except HfHubHTTPError as error:
@@ -438,4 +488,15 @@ def push_folder(
         ) from None
     except Exception as error:  # noqa: BLE001 - the boundary with a remote service: one message, no traceback
         raise PushError(f"pushing to {repo_id} failed ({type(error).__name__}: {error}). {later}") from None
-    return str(info.commit_url)
+    return PushResult(commit_url=str(info.commit_url), deleted=deleted, kept=kept)
+
+
+def _stale_remote_files(remote: list[str], folder: Path) -> tuple[list[str], list[str]]:
+    """Split the repository's files that `folder` does not have into model files (to delete) and others (kept).
+    `.gitattributes` is the Hub's own and never listed."""
+    local = {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
+    extra = sorted(set(remote) - local - {".gitattributes"})
+    deleted = [
+        path for path in extra if "/" not in path and any(fnmatch.fnmatchcase(path, p) for p in MODEL_FILE_PATTERNS)
+    ]
+    return deleted, [path for path in extra if path not in deleted]
