@@ -100,6 +100,8 @@ def test_card_body_usage_knobs_eval_training_limitations_citation(published):
         assert argument in snippet
     assert f"tokenizer({json.dumps(EXAMPLE_PROMPT)}" in snippet and 'decoding="autoregressive"' in snippet
     compile(snippet, "snippet", "exec")
+    # Batched use names trust_remote_code for the tokenizer too (AutoTokenizer reads config.json's auto_map).
+    assert 'AutoTokenizer.from_pretrained(model_id, trust_remote_code=True, padding_side="left")' in text
 
     saved = json.loads((published.folder / "generation_config.json").read_text())
     assert (saved["slot_size"], saved["block_size"], saved["token_threshold"], saved["max_new_tokens"]) == (
