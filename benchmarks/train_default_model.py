@@ -12,6 +12,8 @@ resumed or partly re-run):
 5. refusion   `refusion train`: ReFusion fine-tuning (slot-permutation collator, AR + MDM loss) for N steps.
 6. ar_continued  the controlled baseline: the same ar_base trained autoregressively for the same N extra steps.
 
+Each stage's wall time goes to `<work-dir>/timings.json`.
+
 Then the ReFusion model is copied (with tuned decoding defaults in its generation_config.json) into the package
 at src/refusion_hf/assets/default_model when --install is given.
 
@@ -57,6 +59,30 @@ SEGMENT_SEEDS = (TRAIN_SEED, 4321)  # seeds of the ReFusion fine-tuning segments
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class StageTimings:
+    """Wall time of each stage run by this invocation, written to a JSON file after every stage (a resumed run
+    keeps the times of the stages it reused from the file)."""
+
+    def __init__(self, path: Path, **settings):
+        self.path = path
+        previous = json.loads(path.read_text()) if path.exists() else {}
+        self.minutes = previous.get("minutes", {})
+        # The settings of the run that trained the reused stages stay (a resumed `--install` run changes none).
+        self.settings = previous.get("settings") or {**settings, "torch_threads": torch.get_num_threads()}
+
+    def run(self, name: str, stage, *args):
+        start = time.time()
+        result = stage(*args)
+        elapsed = (time.time() - start) / 60
+        if elapsed > 0.05 or name not in self.minutes:  # a reused stage returns at once
+            self.minutes[name] = round(elapsed, 2)
+        total = sum(self.minutes.values())
+        report = {"minutes": self.minutes, "total_minutes": round(total, 2), "settings": self.settings}
+        self.path.write_text(json.dumps(report, indent=2) + "\n")
+        log(f"{name} done ({elapsed:.1f} min; {total:.1f} min for all stages so far)")
+        return result
 
 
 def stage_data(work: Path, train_examples: int) -> Path:
@@ -290,24 +316,21 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(2)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    data = stage_data(work, args.train_examples)
-    tokenizer = stage_tokenizer(work, data, args.vocab_size)
+    timings = StageTimings(work / "timings.json", arguments=vars(args))
+    data = timings.run("data", stage_data, work, args.train_examples)
+    tokenizer = timings.run("tokenizer", stage_tokenizer, work, data, args.vocab_size)
     if args.stop_after in ("data", "tokenizer"):
         return
-    ar_base = stage_ar_base(work, data, tokenizer, args)
-    log(f"ar_base done ({(time.time() - start) / 60:.1f} min so far)")
+    ar_base = timings.run("ar_base", stage_ar_base, work, data, tokenizer, args)
     if args.stop_after == "ar_base":
         return
-    converted = stage_convert(work, ar_base)
+    converted = timings.run("converted", stage_convert, work, ar_base)
     if args.stop_after == "converted":
         return
-    refusion = stage_refusion(work, data, converted, args)
-    log(f"refusion done ({(time.time() - start) / 60:.1f} min so far)")
+    refusion = timings.run("refusion", stage_refusion, work, data, converted, args)
     if args.stop_after == "refusion":
         return
-    stage_ar_continued(work, data, ar_base, args)
-    log(f"ar_continued done ({(time.time() - start) / 60:.1f} min in all)")
+    timings.run("ar_continued", stage_ar_continued, work, data, ar_base, args)
     if args.install:
         install(refusion, json.loads(args.decoding))
 
