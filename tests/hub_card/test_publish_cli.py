@@ -191,7 +191,9 @@ def test_push_replaces_the_model_files_of_an_earlier_push_and_keeps_the_rest(cap
         assert hub.files[REPO_ID] == folder_files(out) | {name: earlier[name] for name in kept}
         assert f"deleted from {REPO_ID} the model files of an earlier push that this folder does not have: " in stdout
         assert ", ".join(stale) in stdout
-        assert "kept in" in stdout and "checkpoints/model.safetensors, notes/eval[1].md, results.json" in stdout
+        assert f"kept in {REPO_ID} files that are not part of the model: " in stdout
+        assert "checkpoints/model.safetensors, notes/eval[1].md, results.json" in stdout
+        assert f"`hf repos delete-files {REPO_ID} PATH...`" in stdout
 
 
 def test_push_without_token_is_one_clear_message(capsys, tmp_path, monkeypatch, no_token):

@@ -401,8 +401,8 @@ def publish(
             )
         if pushed.kept:
             result.notes.append(
-                f"kept in {repo_id} files that are not part of the model: {', '.join(pushed.kept)} "
-                "(delete them with `hf repo-files delete` if they are stale)"
+                f"kept in {repo_id} files that are not part of the model: {', '.join(pushed.kept)} (delete the "
+                f"stale ones with `hf repos delete-files {repo_id} PATH...`)"
             )
     return result
 
