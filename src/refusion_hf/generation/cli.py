@@ -58,8 +58,8 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
     source = str(model) if model else str(default_model_path())
     tokenizer = AutoTokenizer.from_pretrained(source)
     loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
-    on_cpu_without_bfloat16 = loaded.device.type == "cpu" and not cpu_has_bfloat16_instructions()
-    if dtype == "auto" and loaded.dtype == torch.bfloat16 and on_cpu_without_bfloat16:
+    bfloat16_on_cpu = dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu"
+    if bfloat16_on_cpu and not cpu_has_bfloat16_instructions():  # /proc/cpuinfo read only when it decides
         print(
             "note: the checkpoint is bfloat16 but this CPU has no bfloat16 instructions: running in float32 "
             "(pass --dtype bfloat16 to keep bfloat16).",
