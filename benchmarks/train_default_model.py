@@ -45,6 +45,7 @@ from refusion_hf import RefusionForCausalLM
 from refusion_hf.cli import main as refusion_cli
 from refusion_hf.evaluation.synthetic_tasks import write_jsonl
 from refusion_hf.training.data import load_sft_dataset
+from refusion_hf.training.packing import PackedCausalLMCollator
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_MODEL = ROOT / "src" / "refusion_hf" / "assets" / "default_model"
@@ -159,12 +160,19 @@ def causal_lm_features(data_file: Path, tokenizer) -> list[dict]:
     ]
 
 
-def train_causal_lm(model, tokenizer, features, output_dir: Path, steps: int, learning_rate: float, batch_size: int):
+def causal_lm_collator(tokenizer, packing_length: int):
+    """Examples packed into rows of `packing_length` tokens, or (0) each batch padded to its longest example."""
+    if packing_length:
+        return PackedCausalLMCollator(tokenizer, packing_length=packing_length)
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+
+
+def train_causal_lm(model, tokenizer, features, output_dir: Path, steps: int, learning_rate: float, args):
     trainer = Trainer(
         model=model,
-        args=training_arguments(output_dir, steps, learning_rate, batch_size),
+        args=training_arguments(output_dir, steps, learning_rate, args.batch_size),
         train_dataset=features,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
+        data_collator=causal_lm_collator(tokenizer, args.packing_length),
     )
     trainer.train()
     model.save_pretrained(output_dir)
@@ -195,7 +203,7 @@ def stage_ar_base(work: Path, data: Path, tokenizer_dir: Path, args) -> Path:
     model = Qwen3ForCausalLM(config)
     log(f"ar_base: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {args.ar_steps} steps")
     features = causal_lm_features(data / "train.jsonl", tokenizer)
-    train_causal_lm(model, tokenizer, features, folder, args.ar_steps, args.ar_learning_rate, args.batch_size)
+    train_causal_lm(model, tokenizer, features, folder, args.ar_steps, args.ar_learning_rate, args)
     return folder
 
 
@@ -224,6 +232,7 @@ def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
                     str(folder),
                     "--slot-sizes",
                     args.slot_sizes,
+                    *(["--packing-length", str(args.packing_length)] if args.packing_length else []),
                     "--max-steps",
                     str(steps),
                     "--learning-rate",
@@ -260,7 +269,7 @@ def stage_ar_continued(work: Path, data: Path, ar_base: Path, args) -> Path:
     steps = sum(args.finetune_steps)
     log(f"ar_continued: {steps} more autoregressive steps")
     features = causal_lm_features(data / "train.jsonl", tokenizer)
-    train_causal_lm(model, tokenizer, features, folder, steps, args.finetune_learning_rate, args.batch_size)
+    train_causal_lm(model, tokenizer, features, folder, steps, args.finetune_learning_rate, args)
     return folder
 
 
@@ -293,6 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--packing-length",
+        type=int,
+        default=128,
+        help="pack each batch's examples into rows of this many tokens (0: pad each batch to its longest example)",
+    )
     parser.add_argument("--ar-steps", type=int, default=2500)
     parser.add_argument("--ar-learning-rate", type=float, default=2e-3)
     parser.add_argument(

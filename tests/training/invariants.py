@@ -28,7 +28,9 @@ def _row_structure(order: list[int], masked: list[bool], answer_length: int, k: 
     return sequence
 
 
-def check_row(features: dict, batch: dict, row: int, mask_token_id: int, pad_token_id: int, slot_sizes, eps) -> dict:
+def check_row(
+    features: dict, batch: dict, row: int, mask_token_id: int, pad_token_id: int, slot_sizes, eps, num_examples: int
+) -> dict:
     """Assert every invariant for one row; returns what was inferred (slot size candidates, p_mask, ...)."""
     ids = [int(t) for t in features["input_ids"]]
     prompt_length = int(features["prompt_length"])
@@ -66,12 +68,12 @@ def check_row(features: dict, batch: dict, row: int, mask_token_id: int, pad_tok
             assert input_ids[buffer_index] == ids[p], "a clean token keeps its original token"
             assert weights[buffer_index] == 0.0
 
-    # masked rows share one weight 1 / (p_mask * answer_length), p_mask in [eps, 1]
+    # masked rows share one weight 1 / (p_mask * answer_length * num_examples), p_mask in [eps, 1]
     masked_weights = {weights[prompt_length + i] for i in range(answer_length) if masked[i]}
     p_mask = None
     if masked_weights:
         assert len(masked_weights) == 1
-        p_mask = 1.0 / (masked_weights.pop() * answer_length)
+        p_mask = 1.0 / (masked_weights.pop() * answer_length * num_examples)
         assert eps - 1e-6 <= p_mask <= 1.0 + 1e-6
 
     # some allowed slot size explains the layout
@@ -117,6 +119,7 @@ def check_batch(features: list[dict], batch: dict, collator) -> list[dict]:
             collator.pad_token_id,
             collator.slot_sizes,
             collator.eps,
+            num_examples=len(features),
         )
         for row, feature in enumerate(features)
     ]

@@ -27,7 +27,7 @@ def hand_batch():
     )
     position_ids = torch.tensor([[0, 1, 6, 7, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 7]])
     labels = torch.tensor([[x, x, 1, x, 21, x, 22, 23], [x, 31, 32, x, 1, x, x, x]])
-    w0, w1 = 1 / (0.5 * 6), 1 / (0.25 * 4)
+    w0, w1 = 1 / (0.5 * 6 * 2), 1 / (0.25 * 4 * 2)  # 1 / (p_mask * answer_length * num_examples)
     mdm_weights = torch.tensor([[0, 0, 0, 0, 0, 0, w0, w0], [0, 0, 0, 0, w1, 0, 0, 0]], dtype=torch.float32)
     attention_mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
     return dict(
@@ -53,7 +53,7 @@ def hand_loss(logits, labels, mdm_weights):
                 mdm_sum += nll * weight
             else:
                 ar_terms.append(nll)
-    return sum(ar_terms) / len(ar_terms), mdm_sum / labels.shape[0]
+    return sum(ar_terms) / len(ar_terms), mdm_sum
 
 
 def test_loss_matches_hand_computation_on_a_two_example_batch(model32):

@@ -133,7 +133,22 @@ def test_lora_adapter_round_trip(lora_run, fixture_path):
         assert torch.equal(merged.generate(prompt, **knobs), through_adapter)
 
 
+def test_packed_training_logs_the_losses_of_padded_training(full_run, fixture_path, toy_data, tmp_path):
+    # Same seed, same batches, same draws: packing changes only which positions are computed, not the loss.
+    assert (
+        main(train_args(fixture_path, toy_data, tmp_path, *COMMON, "--learning-rate", "3e-3", "--packing-length", "64"))
+        == 0
+    )
+    padded, packed = training_logs(full_run), training_logs(tmp_path)
+    assert [entry["step"] for entry in packed] == [entry["step"] for entry in padded]
+    for padded_entry, packed_entry in zip(padded, packed):
+        for part in ("loss", "ar_loss", "mdm_loss"):
+            assert packed_entry[part] == pytest.approx(padded_entry[part], rel=1e-3), (part, padded_entry, packed_entry)
+
+
 def test_bad_arguments_raise_clear_errors(fixture_path, toy_data, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"--packing-length must be a positive number of tokens, got 0"):
+        main(train_args(fixture_path, toy_data, tmp_path, "--packing-length", "0"))
     with pytest.raises(ValueError, match=r"--slot-sizes must be comma-separated positive integers.*'4,x'"):
         main(train_args(fixture_path, toy_data, tmp_path, "--slot-sizes", "4,x"))
     with pytest.raises(ValueError, match=r"--bogus-flag.*passes unknown flags to TrainingArguments"):

@@ -67,12 +67,25 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         The stock Qwen3 causal-LM forward, plus:
 
         mdm_weights (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*):
-            Built by `RefusionDataCollator`: `1 / (p_mask * answer_length)` at masked positions, 0 elsewhere. When
-            given, `labels` are the collator's unshifted targets and the loss is ReFusion's `ar_loss + mdm_loss`
-            (float32), both parts also returned. When absent, `labels` give the ordinary shifted causal-LM loss.
+            Built by `RefusionDataCollator`: `1 / (p_mask * answer_length * num_examples)` at masked positions, 0
+            elsewhere. When given, `labels` are the collator's unshifted targets and the loss is ReFusion's
+            `ar_loss + mdm_loss` (float32), both parts also returned. When absent, `labels` give the ordinary
+            shifted causal-LM loss.
+
+        A 4D boolean `attention_mask` (True = may attend; `RefusionDataCollator(packing_length=...)` builds one) is
+        turned into the additive float mask of the model's dtype when the attention implementation is eager,
+        which would otherwise add the booleans to the scores.
         """
         if attention_mask is None and position_ids is not None:
             attention_mask = self._all_ones_attention_mask(input_ids, inputs_embeds, cache, kwargs)
+        elif (
+            attention_mask is not None
+            and attention_mask.ndim == 4
+            and attention_mask.dtype == torch.bool
+            and self.config._attn_implementation == "eager"
+        ):
+            additive = torch.zeros(attention_mask.shape, dtype=self.dtype, device=attention_mask.device)
+            attention_mask = additive.masked_fill_(~attention_mask, torch.finfo(self.dtype).min)
         if cache is not None:
             kwargs["cache"] = cache
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}

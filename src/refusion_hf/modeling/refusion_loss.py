@@ -5,11 +5,13 @@ The inputs are the fields `RefusionDataCollator` builds (DESIGN §2):
 * `labels` `[B, T]`, *not shifted*: `labels[b, i]` is the target of the logits at buffer position i, -100 where
   there is none. In a clean slot that target is the next token of the same slot (the slot's last token has none);
   at a masked position it is the position's own original token;
-* `mdm_weights` `[B, T]` float: `1 / (p_mask * answer_length)` of the example at its masked positions, 0 elsewhere.
-  A position with a positive weight is a masked (MDM) position; every other labelled position is a clean (AR) one.
+* `mdm_weights` `[B, T]` float: `1 / (p_mask * answer_length * num_examples)` of the example at its masked
+  positions, 0 elsewhere (`num_examples`: the examples collated into the batch, which may be packed into fewer
+  rows). A position with a positive weight is a masked (MDM) position; every other labelled position is a clean
+  (AR) one.
 
     AR  = mean CE over every labelled clean position of the batch
-    MDM = (sum over masked positions of CE * mdm_weight) / batch_size
+    MDM = sum over masked positions of CE * mdm_weight   (= per-example sum / p_mask / answer_length, batch mean)
     loss = AR + MDM
 
 This is the authors' code-level normalisation (the paper's equations normalise per slot instead). Both parts are
@@ -36,7 +38,7 @@ class RefusionCausalLMOutputWithPast(CausalLMOutputWithPast):
 
     ar_loss (`torch.Tensor`, *optional*): mean cross-entropy over the labelled tokens of the clean slots.
     mdm_loss (`torch.Tensor`, *optional*): sum of cross-entropy / p_mask / answer_length over the masked
-        tokens, divided by the batch size.
+        tokens, divided by the number of examples (the sum of `mdm_weights * CE`).
     """
 
     ar_loss: torch.Tensor | None = None
@@ -68,7 +70,7 @@ def refusion_loss(
     clean = labelled & ~masked
     zero = logits.float().sum() * 0.0
     ar_loss = token_ce[clean].sum() / clean.sum() if clean.any() else zero
-    mdm_loss = (token_ce * mdm_weights)[masked].sum() / labels.shape[0] if masked.any() else zero
+    mdm_loss = (token_ce * mdm_weights)[masked].sum() if masked.any() else zero
     return ar_loss, mdm_loss
 
 

@@ -26,6 +26,7 @@ import torch
 from transformers.data.data_collator import DataCollatorMixin
 
 from ..modeling.refusion_loss import IGNORE_INDEX
+from .packing import block_causal_mask, padded_width, plan_packed_rows
 
 DEFAULT_SLOT_SIZES = (4, 8, 16, 32)
 DEFAULT_EPS = 1e-3
@@ -58,22 +59,32 @@ class RefusionDataCollator(DataCollatorMixin):
         pad_token_id (`int`, *optional*): defaults to the tokenizer's pad token, else its EOS, else the mask id. Padding
             is never attended to by real tokens (right padding, causal attention) and never labelled.
         pad_to_multiple_of (`int`, *optional*): pad every batch to a multiple of this length.
+        packing_length (`int`, *optional*): pack the batch's examples into rows of this many tokens (first-fit
+            decreasing; a longer example gets a row of its own length) instead of one padded row per example. Each
+            example keeps exactly its loss (it attends only to itself, through a 4D mask) while the step computes
+            far less padding (see `training/packing.py`).
         return_tensors (`str`, defaults to `"pt"`): `"pt"` (torch tensors) or `"np"` (numpy arrays), as for the
             stock collators (`DataCollatorMixin`).
 
     Input features: dicts with `input_ids` (prompt + answer, the answer ending with EOS) and `prompt_length` (the
     number of prompt tokens; the answer must hold at least one token). Other keys are ignored.
 
-    Output batch (tensors `[batch, length]`):
+    Output batch (tensors `[batch, length]`; `[rows, length]` when packing):
         * `input_ids`: the prompt untouched; then the answer cut into slots of k, the clean slots in a random
           permutation, then the masked slots in their original order with every token replaced by the mask id;
           then padding.
-        * `position_ids`: every token keeps its original index; padding continues after the example's last one.
+        * `position_ids`: every token keeps its original index; padding continues after the example's last one
+          (when packing: padding counts from 0).
         * `attention_mask`: 1 for real tokens, 0 for padding (always explicit: with permuted positions and no mask,
-          transformers would treat the row as packed sequences).
+          transformers would treat the row as packed sequences). When packing: bool `[rows, 1, length, length]`,
+          True where a token may attend: causal in buffer order within its own example (padding attends to
+          padding only).
         * `labels` (*not shifted*, -100 = none): in a clean slot, the next token of the same slot (the slot's last
           token has none); at a masked position, its own original token; prompt and padding have none.
-        * `mdm_weights` (float32): `1 / (p_mask * answer_length)` at masked positions, 0 elsewhere.
+        * `mdm_weights` (float32): `1 / (p_mask * answer_length * num_examples)` at masked positions, 0
+          elsewhere, where `num_examples` is the number of features collated together: the MDM loss is the sum
+          of `mdm_weights * CE`, i.e. the authors' per-example normalisation averaged over the batch, whether or
+          not the batch is packed.
     """
 
     def __init__(
@@ -85,6 +96,7 @@ class RefusionDataCollator(DataCollatorMixin):
         seed: int | None = None,
         pad_token_id: int | None = None,
         pad_to_multiple_of: int | None = None,
+        packing_length: int | None = None,
         return_tensors: str = "pt",
     ):
         if mask_token_id is None and tokenizer is not None:
@@ -104,6 +116,10 @@ class RefusionDataCollator(DataCollatorMixin):
             raise ValueError(f"seed must be an int or None, got {seed!r}.")
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {pad_to_multiple_of!r}.")
+        if packing_length is not None and (
+            isinstance(packing_length, bool) or not isinstance(packing_length, int) or packing_length < 1
+        ):
+            raise ValueError(f"packing_length must be a positive number of tokens or None, got {packing_length!r}.")
         if return_tensors not in ("pt", "np"):
             raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}.")
         if pad_token_id is None and tokenizer is not None:
@@ -115,6 +131,7 @@ class RefusionDataCollator(DataCollatorMixin):
         self.eps = float(eps)
         self.seed = seed
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.packing_length = packing_length
         self.return_tensors = return_tensors
         self.epoch = 0
 
@@ -133,8 +150,8 @@ class RefusionDataCollator(DataCollatorMixin):
         rows = []
         for index, (input_ids, prompt_length) in enumerate(examples):
             generator = self._example_generator(batch_digest, index) if batch_digest is not None else None
-            rows.append(self._build_row(input_ids, prompt_length, generator))
-        return self._pad(rows)
+            rows.append(self._build_row(input_ids, prompt_length, generator, num_examples=len(examples)))
+        return self._pack(rows) if self.packing_length else self._pad(rows)
 
     # -- inputs ---------------------------------------------------------------------------------------------------
 
@@ -171,7 +188,9 @@ class RefusionDataCollator(DataCollatorMixin):
 
     # -- one example ----------------------------------------------------------------------------------------------
 
-    def _build_row(self, input_ids: list[int], prompt_length: int, generator: torch.Generator | None) -> dict:
+    def _build_row(
+        self, input_ids: list[int], prompt_length: int, generator: torch.Generator | None, num_examples: int
+    ) -> dict:
         ids = torch.tensor(input_ids, dtype=torch.long)
         answer_length = len(input_ids) - prompt_length
         k = self.slot_sizes[int(torch.randint(len(self.slot_sizes), (1,), generator=generator))]
@@ -205,7 +224,7 @@ class RefusionDataCollator(DataCollatorMixin):
         targets[clean_labelled] = next_token[clean_labelled]
         targets[is_masked] = ids[is_masked]
         weights = torch.zeros(len(input_ids), dtype=torch.float32)
-        weights[is_masked] = 1.0 / (p_mask * answer_length)
+        weights[is_masked] = 1.0 / (p_mask * answer_length * num_examples)
         tokens = torch.where(is_masked, torch.full_like(ids, self.mask_token_id), ids)
         return {
             "input_ids": tokens[positions],
@@ -235,6 +254,30 @@ class RefusionDataCollator(DataCollatorMixin):
             batch["position_ids"][b, :n] = row["position_ids"]  # padding keeps arange: continues after n - 1
             batch["labels"][b, :n] = row["labels"]
             batch["mdm_weights"][b, :n] = row["mdm_weights"]
+        return batch
+
+    def _pack(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        lengths = [len(row["input_ids"]) for row in rows]
+        packed_rows = plan_packed_rows(lengths, self.packing_length)
+        width = padded_width(packed_rows, lengths, self.pad_to_multiple_of)
+        shape = (len(packed_rows), width)
+        batch = {
+            "input_ids": torch.full(shape, self.pad_token_id, dtype=torch.long),
+            "position_ids": torch.zeros(shape, dtype=torch.long),
+            "labels": torch.full(shape, IGNORE_INDEX, dtype=torch.long),
+            "mdm_weights": torch.zeros(shape, dtype=torch.float32),
+        }
+        segments = torch.full(shape, -1, dtype=torch.long)  # example index per position; padding: -1
+        for r, members in enumerate(packed_rows):
+            start = 0
+            for index in members:
+                row, end = rows[index], start + lengths[index]
+                for name in batch:
+                    batch[name][r, start:end] = row[name]
+                segments[r, start:end] = index
+                start = end
+            batch["position_ids"][r, start:] = torch.arange(width - start)
+        batch["attention_mask"] = block_causal_mask(segments)  # [rows, 1, width, width]
         return batch
 
 
