@@ -12,6 +12,10 @@ resumed or partly re-run):
 5. refusion   `refusion train`: ReFusion fine-tuning (slot-permutation collator, AR + MDM loss) for N steps.
 6. ar_continued  the controlled baseline: the same ar_base trained autoregressively for the same N extra steps.
 
+Every training stage packs each batch's 32 examples into rows of --packing-length tokens (`PackedCausalLMCollator`,
+`refusion train --packing-length`) instead of padding them to the longest: the same examples and losses per step,
+steps about 1.2x faster (`benchmarks/packing_speed.py`). `--packing-length 0` pads instead.
+
 Each stage's wall time goes to `<work-dir>/timings.json`.
 
 Then the ReFusion model is copied (with tuned decoding defaults in its generation_config.json) into the package
@@ -44,8 +48,8 @@ from transformers import (
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.cli import main as refusion_cli
 from refusion_hf.evaluation.synthetic_tasks import write_jsonl
+from refusion_hf.training import PackedCausalLMCollator
 from refusion_hf.training.data import load_sft_dataset
-from refusion_hf.training.packing import PackedCausalLMCollator
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_MODEL = ROOT / "src" / "refusion_hf" / "assets" / "default_model"
@@ -305,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--packing-length",
         type=int,
-        default=128,
+        default=192,
         help="pack each batch's examples into rows of this many tokens (0: pad each batch to its longest example)",
     )
     parser.add_argument("--ar-steps", type=int, default=2500)

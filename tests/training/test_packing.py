@@ -127,33 +127,49 @@ def refusion_features(seed: int, count: int) -> list[dict]:
     return [{"input_ids": f["input_ids"], "prompt_length": f["prompt_length"]} for f in random_features(seed, count)]
 
 
-def test_packed_refusion_batch_holds_the_padded_rows():
-    features = refusion_features(seed=2, count=10)
-    padded = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, seed=7)(features)
-    packed = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, seed=7, packing_length=48)(features)
+def packed_segments(batch: dict):
+    """(row, start, end) of every run of positions that attend to each other, read from the 4D mask alone."""
+    rows, _, width, _ = batch["attention_mask"].shape
+    for r in range(rows):
+        mask = batch["attention_mask"][r, 0]
+        starts = [0] + [j for j in range(1, width) if not mask[j, j - 1]]
+        yield from ((r, s, e) for s, e in zip(starts, [*starts[1:], width]))
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    count=st.integers(1, 16),
+    packing_length=st.integers(1, 64),
+    pad_to_multiple_of=st.sampled_from([None, 8]),
+)
+@settings(max_examples=40, deadline=None)
+def test_packed_refusion_batch_holds_the_padded_rows(seed, count, packing_length, pad_to_multiple_of):
+    features = refusion_features(seed=seed, count=count)
+    options = dict(mask_token_id=MASK, pad_token_id=PAD, seed=seed, pad_to_multiple_of=pad_to_multiple_of)
+    padded = RefusionDataCollator(**options)(features)
+    packed = RefusionDataCollator(**options, packing_length=packing_length)(features)
     rows, width = packed["input_ids"].shape
-    assert rows < len(features) and packed["attention_mask"].shape == (rows, 1, width, width)
-    assert packed["attention_mask"].dtype == torch.bool
-    lengths = [len(f["input_ids"]) for f in features]
-    found = 0
-    for index, length in enumerate(lengths):
-        # every example appears once, whole, with its own draws, attending causally to itself only
-        expected = {name: padded[name][index, :length] for name in ("input_ids", "position_ids", "labels")}
-        for r in range(rows):
-            for start in range(width - length + 1):
-                window = {name: packed[name][r, start : start + length] for name in expected}
-                if all(torch.equal(window[name], expected[name]) for name in expected):
-                    mask = packed["attention_mask"][r, 0]
-                    block = mask[start : start + length, start : start + length]
-                    assert torch.equal(block, torch.ones(length, length, dtype=torch.bool).tril())
-                    assert not mask[start : start + length, :start].any()
-                    assert not mask[start + length :, start : start + length].any()
-                    torch.testing.assert_close(
-                        packed["mdm_weights"][r, start : start + length], padded["mdm_weights"][index, :length]
-                    )
-                    found += 1
-    assert found == len(features)
-    assert packed["labels"].ne(-100).sum() == padded["labels"].ne(-100).sum()
+    assert packed["attention_mask"].shape == (rows, 1, width, width) and packed["attention_mask"].dtype == torch.bool
+    assert pad_to_multiple_of is None or width % pad_to_multiple_of == 0
+    names = ("input_ids", "position_ids", "labels", "mdm_weights")
+    expected = sorted(
+        tuple(tuple(padded[name][i, : len(f["input_ids"])].tolist()) for name in names) for i, f in enumerate(features)
+    )
+    found, capacity = [], max(packing_length, *(len(f["input_ids"]) for f in features))
+    for r, start, end in packed_segments(packed):
+        mask = packed["attention_mask"][r, 0]
+        # causal within the segment, nothing across its borders
+        assert torch.equal(mask[start:end, start:end], torch.ones(end - start, end - start, dtype=torch.bool).tril())
+        assert not mask[start:end, :start].any() and not mask[end:, start:end].any()
+        content = tuple(tuple(packed[name][r, start:end].tolist()) for name in names)
+        if set(content[0]) == {PAD}:  # the row's padding: unlabelled, at the end
+            assert set(content[2]) == {-100} and set(content[3]) == {0.0}
+        else:
+            assert end <= capacity
+            found.append(content)
+    # every example exactly once, whole, with the draws it gets unpacked (so the loss is the same)
+    assert sorted(found) == expected
+    assert rows == len(plan_packed_rows([len(f["input_ids"]) for f in features], packing_length))
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
@@ -181,6 +197,8 @@ def test_packing_length_errors_name_the_argument():
     with pytest.raises(ValueError, match="packing_length must be a positive number of tokens"):
         PackedCausalLMCollator(pad_token_id=PAD, packing_length=-3)
     with pytest.raises(ValueError, match="pad_token_id"):
-        PackedCausalLMCollator()
+        PackedCausalLMCollator(packing_length=8)
     with pytest.raises(ValueError, match="feature 1: `input_ids` must be non-empty and `labels` as long as it"):
-        PackedCausalLMCollator(pad_token_id=PAD)([{"input_ids": [4, 5]}, {"input_ids": [4, 5], "labels": [4]}])
+        PackedCausalLMCollator(pad_token_id=PAD, packing_length=8)(
+            [{"input_ids": [4, 5]}, {"input_ids": [4, 5], "labels": [4]}]
+        )

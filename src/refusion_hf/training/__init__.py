@@ -1,4 +1,5 @@
-"""ReFusion training: the slot-permutation data collator, SFT data loading, a `Trainer` that logs both loss parts,
+"""ReFusion training: the slot-permutation data collator (optionally packing examples into rows), a packing
+collator for stock causal LMs (the AR baseline), SFT data loading, a `Trainer` that logs both loss parts,
 and checkpoint conversion. The loss itself lives with the model (`modeling/refusion_loss.py`) so that exported
 remote-code models train too.
 
@@ -7,6 +8,7 @@ time that `import refusion_hf` for inference should not pay)."""
 
 from .collator import RefusionDataCollator
 from .data import DataFormatError, RefusionSFTDataset, load_sft_dataset
+from .packing import PackedCausalLMCollator
 
 _LAZY = {"RefusionTrainer", "RefusionEpochCallback"}
 
@@ -21,6 +23,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "DataFormatError",
+    "PackedCausalLMCollator",
     "RefusionDataCollator",
     "RefusionEpochCallback",
     "RefusionSFTDataset",

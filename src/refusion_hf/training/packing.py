@@ -1,17 +1,18 @@
-"""Packing a batch's examples into rows of a fixed length, so a training step computes no padding.
+"""Packing a batch's examples into rows of a fixed length, so a training step computes little padding.
 
 Padding a batch to its longest example wastes the compute of every padded position: on the synthetic suite
-(batches of 32 examples of 69 tokens on average, 120 at most) a padded batch is 1.43x the real tokens, and a
-step's time is proportional to the positions computed (training on CPU). Packing the same examples into rows of
-128 tokens (first-fit decreasing) leaves ~5% padding and keeps each example's loss exactly: an example attends
-only to itself and keeps its own position ids.
+(batches of 32 examples of 69 tokens on average, 120 at most) a padded batch holds 1.40x the real tokens. Packing
+the same examples into rows (first-fit decreasing) keeps each example's loss exactly (an example attends only to
+itself and keeps its own position ids) and computes 1.23x / 1.15x / 1.09x the real tokens in rows of 128 / 192 /
+256. Longer rows cost more attention per token; a training step of the default model is 1.21x (ReFusion) and
+1.18x (autoregressive) faster than padded in rows of 192 (`benchmarks/packing_speed.py`).
 
 * `plan_packed_rows`: which examples share a row.
 * `PackedCausalLMCollator`: plain causal-LM batches for stock models (the AR baseline). It marks where each example
   starts by restarting `position_ids` at 0 and passes no `attention_mask`: transformers then builds the
   block-diagonal causal mask itself, for every attention implementation ("padding-free" training, as with the
-  stock `DataCollatorWithFlattening`, which packs the whole batch into ONE row: on CPU, where attention over a
-  2,200-token row is dense, that step was measured 2.2x slower than rows of 128).
+  stock `DataCollatorWithFlattening`; that one packs the whole batch into ONE row, which suits flash-attention's
+  variable-length kernels but makes sdpa attend densely over all of the batch's tokens).
 * `RefusionDataCollator(packing_length=...)` packs ReFusion rows; their positions are permuted, so it passes an
   explicit 4D mask built by `block_causal_mask` instead.
 """
@@ -72,7 +73,7 @@ class PackedCausalLMCollator(DataCollatorMixin):
 
     Args:
         tokenizer (`PreTrainedTokenizerBase`, *optional*): source of the default `pad_token_id`.
-        packing_length (`int`, defaults to 128): tokens per row; a longer example gets a row of its own length.
+        packing_length (`int`): tokens per row; a longer example gets a row of its own length.
         pad_token_id (`int`, *optional*): defaults to the tokenizer's pad token, else its EOS token.
         pad_to_multiple_of (`int`, *optional*): pad the rows to a multiple of this length.
         return_tensors (`str`, defaults to `"pt"`): `"pt"` or `"np"`.
@@ -93,7 +94,8 @@ class PackedCausalLMCollator(DataCollatorMixin):
     def __init__(
         self,
         tokenizer=None,
-        packing_length: int = 128,
+        *,
+        packing_length: int,
         pad_token_id: int | None = None,
         pad_to_multiple_of: int | None = None,
         return_tensors: str = "pt",
