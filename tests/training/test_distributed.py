@@ -23,6 +23,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def teardown_abort_after_training(result: subprocess.CompletedProcess, out) -> bool:
+    """Whether a failed launch is the gloo teardown abort seen with torch 2.13 on this 2-core machine: training
+    finished and everything was written, then one process aborted at interpreter exit ("terminate called without
+    an active exception", SIGABRT) and the launcher stopped the other. Measured: 2 launches in 17. Destroying
+    the process group before exit (`Accelerator.end_training`) traded it for a hang at exit (2 in 38), so the
+    code is unchanged and the test launches once more in exactly this case; any other failure fails at once."""
+    finished = "'train_loss'" in result.stdout and (out / "model.safetensors").exists()
+    return finished and "terminate called without an active exception" in result.stderr
+
+
 def test_accelerate_launch_two_cpu_processes(fixture_path, tmp_path):
     data = write_toy_jsonl(tmp_path / "toy.jsonl", count=16, seed=2)
     out = tmp_path / "ddp"
@@ -43,6 +53,8 @@ def test_accelerate_launch_two_cpu_processes(fixture_path, tmp_path):
     )  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    if result.returncode != 0 and teardown_abort_after_training(result, out):
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("[refusion train]") == 1, "only the main process reports"
     assert "2 process(es)" in result.stdout
