@@ -5,12 +5,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
 from refusion_hf import RefusionDataCollator
 from refusion_hf.training.packing import PackedCausalLMCollator, block_causal_mask, plan_packed_rows
 
-from ..tiny_models import tiny_refusion_model
+from ..tiny_models import tiny_qwen3_model, tiny_refusion_model
 
 PAD = 0
 MASK = 3
@@ -29,19 +29,8 @@ def random_features(seed: int, count: int, max_length: int = 30, vocab: int = 64
 
 
 def stock_model(attn_implementation: str) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        pad_token_id=PAD,
-        attn_implementation=attn_implementation,
-    )
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config).double().train()
+    model = tiny_qwen3_model(num_hidden_layers=2, pad_token_id=PAD, attn_implementation=attn_implementation)
+    return model.double().train()
 
 
 def loss_and_gradients(model, batch) -> tuple[float, list[torch.Tensor]]:
