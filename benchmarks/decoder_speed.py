@@ -134,14 +134,16 @@ def compare(model, prompt: torch.Tensor, settings: DecodingSettings, rounds: int
 
 def plan_ahead_on_embedded_model(rounds: int, limit: int = 60, seed: int = 2026) -> dict:
     """The embedded model with its own decoding defaults, on synthetic test problems (arithmetic + listing),
-    batch 1: planning ahead on / off, interleaved per problem; rounds repeat the whole set."""
+    batch 1: planning ahead on / off, interleaved per problem; rounds repeat the whole set. In float32, where both
+    give identical tokens exactly (in its stored bfloat16 the differently shaped forwards round differently and
+    can flip a near-tie)."""
     from transformers import AutoTokenizer
 
     from refusion_hf.evaluation.suites import synthetic_problems
     from refusion_hf.generation.cli import default_model_path, encode_prompt
 
     path = default_model_path()
-    model = RefusionForCausalLM.from_pretrained(path).eval()
+    model = RefusionForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     problems = synthetic_problems(limit, seed, families=["arithmetic", "listing"])
     prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
@@ -168,6 +170,7 @@ def plan_ahead_on_embedded_model(rounds: int, limit: int = 60, seed: int = 2026)
     return {
         "problems": limit,
         "seed": seed,
+        "dtype": "float32",
         "forward_passes_plan_ahead": passes[True],
         "forward_passes_without": passes[False],
         "forward_ratio_without_over_plan_ahead": passes[False] / passes[True],
