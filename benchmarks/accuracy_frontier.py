@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import torch
+from results_file import write_results
 from transformers import AutoTokenizer
 
 from refusion_hf import RefusionForCausalLM
@@ -86,11 +87,8 @@ def main() -> None:
             results["autoregressive_same_weights"] = summary(result, "autoregressive")
             print(json.dumps(run), flush=True)
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out = write_results(results, args.out)
     plot(results, out.with_suffix(".png"))
-    print(json.dumps(results, indent=2))
 
 
 def replot(json_path: Path) -> None:

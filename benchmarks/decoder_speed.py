@@ -16,13 +16,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from results_file import write_results
 from transformers import DynamicCache
 
 from refusion_hf import RefusionConfig, RefusionForCausalLM
@@ -250,10 +250,7 @@ def main() -> None:
 
     results["plan_ahead_embedded_model"] = plan_ahead_on_embedded_model(args.rounds)
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":

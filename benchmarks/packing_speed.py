@@ -18,7 +18,6 @@ token. The losses of the first batch are checked to agree across ways (packing m
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from results_file import write_results
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Qwen3ForCausalLM
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
@@ -125,10 +125,7 @@ def main() -> None:
         "refusion": measure("refusion", refusion, refusion_collators, examples, args.repeats),
         "autoregressive": measure("autoregressive", autoregressive, causal_collators, causal_examples, args.repeats),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":
