@@ -98,7 +98,6 @@ def settings_for(model, **knobs) -> DecodingSettings:
         block_size=knobs.get("block_size") or canvas,
         slot_threshold=knobs["slot_threshold"],
         token_threshold=knobs["token_threshold"],
-        temperature=0.0,
         mask_token_id=model.config.mask_token_id,
         eos_token_ids=(model.config.eos_token_id,),
         plan_ahead=knobs.get("plan_ahead", False),

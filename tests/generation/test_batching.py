@@ -41,9 +41,13 @@ def test_each_row_of_a_batch_decodes_as_alone(model64, batch):
     passes = []
     for row, prompt in enumerate(prompts):
         alone = model64.generate(torch.tensor([prompt]), return_dict_in_generate=True, **knobs)
-        assert torch.equal(together.sequences[row, ids.shape[1] :], alone.sequences[0, len(prompt) :])
+        answer = alone.sequences[0, len(prompt) :]
+        n = answer.shape[0]  # the batch is as wide as its longest answer: pad after this row's
+        assert torch.equal(together.sequences[row, ids.shape[1] : ids.shape[1] + n], answer)
+        assert set(together.sequences[row, ids.shape[1] + n :].tolist()) <= {PAD}
         assert torch.equal(together.sequences[row, : ids.shape[1]], ids[row]), "the prompt comes back as given"
-        assert torch.equal(together.commit_step[row], alone.commit_step[0])
+        assert torch.equal(together.commit_step[row, :n], alone.commit_step[0])
+        assert set(together.commit_step[row, n:].tolist()) <= {-1}
         assert together.chosen_slots[row] == alone.chosen_slots[0]
         assert together.tokens_per_forward[row] == alone.tokens_per_forward[0]
         passes.append(alone.num_forward_passes)

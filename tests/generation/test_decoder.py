@@ -41,7 +41,6 @@ def test_cache_holds_exactly_the_committed_tokens(model64):
         block_size=16,
         slot_threshold=0.6,
         token_threshold=0.6,
-        temperature=0.0,
         mask_token_id=3,
         eos_token_ids=(1,),
     )

@@ -15,12 +15,57 @@ KNOBS = dict(max_new_tokens=13, slot_size=4, slot_threshold=0.6, token_threshold
 EOS, PAD, MASK = 1, 0, 3
 
 
-def test_returns_prompt_plus_exactly_max_new_tokens(model64):
+def test_returns_prompt_plus_the_answer(model64):
     out = model64.generate(PROMPT, **KNOBS)  # 13 is not a multiple of 4: the canvas is 16, cut to 13
     assert isinstance(out, torch.Tensor) and out.dtype == torch.long
-    assert out.shape == (1, 8 + 13)
+    assert out.shape == (1, 8 + 13)  # this prompt's answer has no EOS within 13 tokens
     assert torch.equal(out[:, :8], PROMPT)
     assert MASK not in out[0, 8:].tolist()
+
+
+def test_output_is_as_wide_as_the_longest_answer(model64):
+    """Like stock generate when every row ends early: [B, prompt + longest answer], pad after each row's end."""
+    ids = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
+    knobs = dict(slot_size=1, slot_threshold=0.0, token_threshold=1.01)
+    short = model64.generate(ids, max_new_tokens=200, **knobs)
+    assert short[0, 12:].tolist() == [EOS], "the answer ends at its EOS whatever max_new_tokens says"
+    both = model64.generate(
+        torch.cat([ids, torch.tensor([[0, 0, 0, 0] + PROMPT[0].tolist()])]),
+        attention_mask=torch.tensor([[1] * 12, [0] * 4 + [1] * 8]),
+        max_new_tokens=20,
+        **knobs,
+    )
+    long = model64.generate(PROMPT, max_new_tokens=20, **knobs)
+    assert both.shape == (2, 12 + long.shape[1] - 8)
+    assert both[0, 12:].tolist() == [EOS] + [PAD] * (both.shape[1] - 13)
+    assert torch.equal(both[1, 12:], long[0, 8:])
+
+
+def test_large_max_new_tokens_costs_nothing_when_answers_end_early(model64):
+    """Blocks are decoded one after another and a row stops after the block of its EOS, so max_new_tokens far
+    beyond what is needed (even beyond the 512 positions of the fixture: stock only warns) adds no forward."""
+    ids = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
+    knobs = dict(slot_size=4, slot_threshold=0.6, token_threshold=0.3, return_dict_in_generate=True)
+    small = model64.generate(ids, max_new_tokens=64, **knobs)
+    assert EOS in small.sequences[0].tolist()
+    with pytest.warns(UserWarning, match="exceeds the model's predefined maximum length"):
+        large = model64.generate(ids, max_new_tokens=1024, **knobs)
+    assert torch.equal(large.sequences, small.sequences)
+    assert large.num_forward_passes == small.num_forward_passes
+
+
+def test_default_block_size_is_fixed(model64):
+    """Unset, block_size is 128 (rounded up to a multiple of slot_size): a step's plan never covers more than a
+    block, so its cost does not grow with max_new_tokens."""
+    widths = []
+    hook = model64.register_forward_hook(
+        lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        model64.generate(PROMPT, max_new_tokens=300, slot_size=8, slot_threshold=1.01, token_threshold=0.0)
+    finally:
+        hook.remove()
+    assert max(widths) <= 8 + 128
 
 
 def test_dict_output_fields(model64):
@@ -39,24 +84,23 @@ def test_dict_output_fields(model64):
         assert {p - p % 4 for p in committed_here} <= set(starts)
 
 
-def test_padding_after_eos(model64):
-    ids = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
-    out = model64.generate(ids, max_new_tokens=20, slot_size=1, slot_threshold=0.0, token_threshold=1.01)
-    assert out[0, 12:].tolist() == [EOS] + [PAD] * 19
-
-
 def test_custom_pad_and_eos_lists(model64):
-    ids = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
-    out = model64.generate(
-        ids,
-        max_new_tokens=6,
-        slot_size=1,
-        slot_threshold=0.0,
-        token_threshold=1.01,
-        eos_token_id=[EOS, 99],
+    ids = torch.cat([torch.tensor([[61, 61, 33, 51]]), PROMPT], dim=1)
+    knobs = dict(max_new_tokens=12, slot_size=1, slot_threshold=0.0, token_threshold=1.01)
+    plain = model64.generate(ids, **knobs)[0, 12:].tolist()
+    second_eos = next(t for t in plain if t != EOS)  # a token the plain answer produces: make it an EOS too
+    out = model64.generate(ids, eos_token_id=[EOS, second_eos], pad_token_id=7, **knobs)[0, 12:].tolist()
+    end = plain.index(second_eos) + 1
+    assert out == plain[:end], "the answer ends at the first id of the EOS list"
+    batch = model64.generate(
+        torch.cat([ids, torch.cat([torch.tensor([[0] * 4]), PROMPT], dim=1)]),
+        attention_mask=torch.tensor([[1] * 12, [0] * 4 + [1] * 8]),
+        eos_token_id=[EOS, second_eos],
         pad_token_id=7,
+        **knobs,
     )
-    assert out[0, 12:].tolist() == [EOS] + [7] * 5
+    if batch.shape[1] > 12 + end:
+        assert set(batch[0, 12 + end :].tolist()) == {7}, "pad_token_id fills the rest of an ended row"
 
 
 def test_thresholds_above_one_are_legal(model64):
@@ -92,6 +136,21 @@ def test_plain_generation_config_is_upcast_without_losing_values(model64):
         model64.generation_config = model64_config
 
 
+def test_passed_plain_config_keeps_the_models_fields_it_leaves_unset(tmp_path, fixture_path):
+    """Stock merge semantics: a plain GenerationConfig(max_new_tokens=32) changes the length only; the checkpoint's
+    tuned decoding settings stay."""
+    model = RefusionForCausalLM.from_pretrained(fixture_path, dtype=torch.float64).eval()
+    model.generation_config.update(slot_size=4, block_size=8, slot_threshold=0.6, token_threshold=0.3)
+    tuned = model.generate(PROMPT, max_new_tokens=32, return_dict_in_generate=True)
+    for config in (GenerationConfig(max_new_tokens=32), RefusionGenerationConfig(max_new_tokens=32)):
+        merged = model.generate(PROMPT, generation_config=config, return_dict_in_generate=True)
+        assert torch.equal(merged.sequences, tuned.sequences)
+        assert merged.chosen_slots == tuned.chosen_slots
+    class_defaults = model.generate(PROMPT, max_new_tokens=32, slot_size=32, block_size=None, slot_threshold=0.9,
+                                    token_threshold=0.4, return_dict_in_generate=True)  # fmt: skip
+    assert class_defaults.chosen_slots != tuned.chosen_slots, "the settings do matter here"
+
+
 def test_config_argument_and_overrides(model64):
     config = RefusionGenerationConfig(max_new_tokens=12, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
     by_config = model64.generate(PROMPT, generation_config=config)
@@ -100,22 +159,28 @@ def test_config_argument_and_overrides(model64):
     overridden = model64.generate(PROMPT, generation_config=config, max_new_tokens=6)
     assert overridden.shape == (1, 14)
     assert config.max_new_tokens == 12, "the caller's config object is not modified"
-    assert model64.generation_config.slot_size == 32, "nor is the model's"
+    assert model64.generation_config.slot_size is None, "nor is the model's (the fixture sets no slot size)"
 
 
 def test_hf_positional_signature_and_autoregressive_only_arguments(model64):
     config = RefusionGenerationConfig(max_new_tokens=12, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
     assert torch.equal(model64.generate(PROMPT, config), model64.generate(input_ids=PROMPT, generation_config=config))
-    from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
-    with pytest.raises(ValueError, match=r"\['logits_processor'\] only apply to autoregressive decoding"):
-        model64.generate(PROMPT, logits_processor=LogitsProcessorList(), max_new_tokens=4)
-    out = model64.generate(PROMPT, logits_processor=LogitsProcessorList(), max_new_tokens=4, decoding="autoregressive")
+    assert (
+        model64.generate(PROMPT, logits_processor=LogitsProcessorList(), max_new_tokens=4, slot_size=4).shape[1] <= 12
+    )
+    with pytest.raises(ValueError, match=r"`logits_processor` is not supported by ReFusion decoding.*autoregressive"):
+        model64.generate(PROMPT, logits_processor=LogitsProcessorList([TemperatureLogitsWarper(0.5)]), max_new_tokens=4)
+    out = model64.generate(
+        PROMPT, logits_processor=LogitsProcessorList([TemperatureLogitsWarper(0.5)]), max_new_tokens=4,
+        decoding="autoregressive",
+    )  # fmt: skip
     assert out.shape == (1, 12)
 
 
 def test_sampling_is_reproducible_with_manual_seed(model64):
-    knobs = dict(KNOBS, temperature=1.0, max_new_tokens=32, token_threshold=0.0)
+    knobs = dict(KNOBS, do_sample=True, max_new_tokens=32, token_threshold=0.0)
     torch.manual_seed(0)
     first = model64.generate(PROMPT, **knobs)
     torch.manual_seed(0)
@@ -125,13 +190,13 @@ def test_sampling_is_reproducible_with_manual_seed(model64):
         torch.manual_seed(seed)
         draws.add(tuple(model64.generate(PROMPT, **knobs)[0].tolist()))
     assert torch.equal(first, second)
-    assert len(draws) > 1, "temperature > 0 samples"
+    assert len(draws) > 1, "do_sample=True samples"
 
 
 def test_planning_ahead_draws_the_same_samples(model64):
-    """A plan that rides along draws its Gumbel noise only when it is used, so sampling consumes the random
-    stream exactly as without planning ahead."""
-    knobs = dict(KNOBS, temperature=1.0, max_new_tokens=32, token_threshold=0.1)
+    """A plan that rides along draws its samples only when it is used, so sampling consumes the random stream
+    exactly as without planning ahead."""
+    knobs = dict(KNOBS, do_sample=True, top_k=0, max_new_tokens=32, token_threshold=0.1)
     for seed in range(4):
         torch.manual_seed(seed)
         ahead = model64.generate(PROMPT, return_dict_in_generate=True, **knobs)
@@ -162,14 +227,26 @@ def test_autoregressive_fallback_keeps_left_padding_semantics(model64):
         (dict(slot_size=0), r"`slot_size` must be an integer >= 1"),
         (dict(slot_size=4, block_size=6), r"`block_size` must be a positive multiple of `slot_size` \(4\)"),
         (dict(slot_size=4, block_size=0), r"`block_size` must be a positive multiple"),
-        (dict(slot_threshold=float("nan")), r"`slot_threshold` must be a number >= 0"),
+        (dict(slot_threshold=float("nan")), r"`slot_threshold` must be a number"),
         (dict(token_threshold=-0.1), r"`token_threshold` must be a number >= 0"),
         (dict(max_new_tokens=0), r"`max_new_tokens` must be greater than 0"),
         (dict(temperature=-1.0), r"`temperature` must be >= 0"),
         (dict(decoding="beam"), r"`decoding` must be one of"),
         (dict(plan_ahead="yes"), r"`plan_ahead` must be True or False"),
-        (dict(max_new_tokens=600), r"needs \d+ positions, more than `max_position_embeddings` \(512\)"),
-        (dict(no_such_knob=1), r"does not use with ReFusion decoding: \['no_such_knob'\]"),
+        (dict(no_such_knob=1), r"ReFusion decoding does not use: \['no_such_knob'\]"),
+        (dict(max_new_tokens="8"), r"`max_new_tokens` must be an integer, got '8'"),
+        (dict(max_new_tokens=True), r"`max_new_tokens` must be an integer, got True"),
+        (dict(temperature="1"), r"`temperature` must be a number, got '1'"),
+        (dict(eos_token_id=[[1]]), r"`eos_token_id` must be a token id or a flat list of token ids"),
+        (dict(eos_token_id=64), r"`eos_token_id` \[64\] is outside the vocabulary \(0 .. 63\)"),
+        (dict(pad_token_id=100), r"`pad_token_id` \[100\] is outside the vocabulary"),
+        (dict(mask_token_id=-1), r"`mask_token_id` must be a token id"),
+        (dict(do_sample="yes"), r"`do_sample` must be True or False"),
+        (dict(do_sample=True, top_p=2.0), r"`top_p` must be in \[0.0, 1.0\], got 2.0"),
+        (dict(do_sample=True, temperature=0.0), r"`temperature` \(=0.0\) has to be a strictly positive float"),
+        (dict(num_return_sequences=2), r"`num_return_sequences` different than 1"),
+        (dict(stop_strings=["t9"]), r"could not locate a tokenizer"),
+        (dict(suppress_tokens=[[4]]), r"`suppress_tokens` must be a list of token ids"),
     ],
 )
 def test_bad_arguments_name_the_argument(model64, kwargs, message):
@@ -188,6 +265,17 @@ def test_bad_inputs_name_the_argument(model64):
         model64.generate(PROMPT, attention_mask=torch.ones(1, 3), max_new_tokens=4)
     with pytest.raises(ValueError, match=r"`streamer` follows one sequence"):
         model64.generate(PROMPT.repeat(2, 1), streamer=object(), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"`input_ids` holds ids outside the vocabulary \(0 .. 63\)"):
+        model64.generate(torch.tensor([[5, 64]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"`input_ids` must hold integer token ids, got dtype torch.float32"):
+        model64.generate(PROMPT.float(), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"`input_ids` must be a 2-D tensor"):
+        model64.generate(PROMPT[0], max_new_tokens=4)
+    for decoding in ("refusion", "autoregressive"):  # both paths check ids and lengths
+        with pytest.raises(ValueError, match=r"outside the vocabulary"):
+            model64.generate(torch.tensor([[5, 99]]), max_new_tokens=4, decoding=decoding)
+        with pytest.raises(ValueError, match=r"`max_new_tokens` must be an integer"):
+            model64.generate(PROMPT, max_new_tokens=2.5, decoding=decoding)
 
 
 def test_missing_eos_is_reported():

@@ -79,7 +79,7 @@ def test_full_training_lowers_the_loss_and_saves_everything(full_run, fixture_pa
     with torch.no_grad():
         assert trained(**batch).loss < base(**batch).loss
     out = trained.generate(torch.tensor([[20, 21, 22, 23]]), max_new_tokens=8, slot_size=4)
-    assert out.shape == (1, 12)
+    assert 4 < out.shape[1] <= 12 and 3 not in out[0].tolist()  # up to 8 new tokens (fewer if EOS), no mask
 
 
 def test_saved_model_trains_through_its_remote_code(full_run, fixture_path, tmp_path):

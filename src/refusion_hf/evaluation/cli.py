@@ -10,7 +10,6 @@ model that has no mask token (an autoregressive baseline) the same way.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -173,6 +172,7 @@ def _progress(done: int, total: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..generation.cli import default_model_path, load_model_and_tokenizer
+    from ..generation.refusion_generate import merge_generation_config
     from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
     from .harness import REFUSION_KNOBS, EvalSettings, evaluate_decodings, markdown_table
 
@@ -226,10 +226,8 @@ def run(args: argparse.Namespace) -> int:
         allow_code_execution=allowed,
         code_timeout=args.code_timeout,
     )
-    check = copy.deepcopy(generation_config)
     try:
-        check.update(**settings.refusion_kwargs())
-        check.validate()
+        effective, _ = merge_generation_config(model, None, settings.refusion_kwargs())
     except ValueError as error:
         raise SystemExit(f"refusion eval: error: bad decoding setting: {error}") from error
     results = evaluate_decodings(
@@ -240,10 +238,7 @@ def run(args: argparse.Namespace) -> int:
         progress=_progress if sys.stderr.isatty() else None,
         decodings=args.decodings,
     )
-    resolved = {name: getattr(generation_config, name) for name in REFUSION_FIELDS if name != "decoding"}
-    resolved.update({k: v for k, v in settings.refusion_kwargs().items() if k in resolved})
-    if resolved.get("mask_token_id") is None:
-        resolved["mask_token_id"] = getattr(model.config, "mask_token_id", None)
+    resolved = {name: getattr(effective, name) for name in REFUSION_FIELDS if name != "decoding"}
     results["settings"].update(
         {
             "model": str(args.model) if args.model else str(default_model_path()),

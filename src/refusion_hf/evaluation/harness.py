@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..generation.cli import encode_prompt
+from ..generation.refusion_generation_config import sampling_arguments
 from .metrics import load_metric
 from .sandbox import require_opt_in
 from .suites import EvalProblem
@@ -42,17 +43,14 @@ class EvalSettings:
     timing_repeats: int = 1  # decode each batch this many times per decoding; its time is the fastest
 
     def refusion_kwargs(self) -> dict:
-        kwargs = {"max_new_tokens": self.max_new_tokens}
-        for name in (*REFUSION_KNOBS, "temperature"):
+        kwargs = {"max_new_tokens": self.max_new_tokens, **sampling_arguments(self.temperature)}
+        for name in REFUSION_KNOBS:
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         return kwargs
 
     def autoregressive_kwargs(self) -> dict:
-        kwargs = {"max_new_tokens": self.max_new_tokens}
-        if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        return kwargs
+        return {"max_new_tokens": self.max_new_tokens, **sampling_arguments(self.temperature)}
 
 
 def _eos_ids(model) -> set[int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, TextStreamer
 
+from .refusion_generation_config import sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
 
 DEFAULT_MODEL_RESOURCE = "assets/default_model"
@@ -88,7 +89,9 @@ def register(subparsers) -> None:
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--slot-threshold", type=float, default=None)
     parser.add_argument("--token-threshold", type=float, default=None)
-    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="sample at this temperature (do_sample=True); 0 is greedy"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
     add_dtype_argument(parser)
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
@@ -98,8 +101,9 @@ def register(subparsers) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    names = ("max_new_tokens", "slot_size", "block_size", "slot_threshold", "token_threshold", "temperature")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    names = ("max_new_tokens", "slot_size", "block_size", "slot_threshold", "token_threshold")
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return {**overrides, **sampling_arguments(args.temperature)}
 
 
 def _timed_generate(model, input_ids, **kwargs):
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("\nAutoregressive (same weights):")
     torch.manual_seed(args.seed)
-    ar_overrides = {k: v for k, v in overrides.items() if k in ("max_new_tokens", "temperature")}
+    ar_overrides = {k: v for k, v in overrides.items() if k in ("max_new_tokens", "do_sample", "temperature")}
     ar_streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
     ar_sequences = model.generate(

@@ -28,6 +28,10 @@ in one row under a block-diagonal mask instead of copying the prefix cache per s
 
 Sequences that finish leave the batch (their cache rows are dropped), so they cost nothing afterwards.
 
+How logits become drafts and confidences (greedy or sampled, under transformers' logits processors) is the
+`DraftPolicy` (draft_policy.py). Stopping criteria see the final left-to-right prefix through `PrefixStopping`,
+called the way stock `generate` calls them: once per answer position, for the whole batch.
+
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
 
@@ -37,7 +41,9 @@ import enum
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StoppingCriteriaList
+
+from .draft_policy import DraftPolicy
 
 
 class Stage(enum.Enum):
@@ -55,7 +61,6 @@ class DecodingSettings:
     block_size: int  # b: tokens per serial block, a multiple of k
     slot_threshold: float
     token_threshold: float
-    temperature: float  # 0 = greedy
     mask_token_id: int
     eos_token_ids: tuple[int, ...]
     plan_ahead: bool = True  # run the next plan inside verification forwards (see the module docstring)
@@ -137,9 +142,10 @@ class Lookahead:
 class SequenceDecoder:
     """ReFusion decoding state of one sequence; see the module docstring for the stages."""
 
-    def __init__(self, prompt: torch.LongTensor, settings: DecodingSettings):
+    def __init__(self, prompt: torch.LongTensor, settings: DecodingSettings, policy: DraftPolicy):
         device = prompt.device
         self.settings = settings
+        self.policy = policy
         self.device = device
         self.prompt_length = prompt.shape[0]
         k, length = settings.slot_size, settings.canvas_length
@@ -148,6 +154,7 @@ class SequenceDecoder:
         self.commit_step = torch.full((length,), -1, dtype=torch.long, device=device)
         self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
         self.first_eos: int | None = None  # canvas index of the first committed EOS
+        self.stop_length: int | None = None  # set by a stopping criterion: the answer ends after this many tokens
         self.ends_after_block = False  # an EOS was accepted: no block after the current one is decoded
         self.slots_per_block = settings.block_size // k
         self.num_slots = length // k
@@ -176,23 +183,32 @@ class SequenceDecoder:
     def _is_eos(self, tokens: torch.Tensor) -> torch.BoolTensor:
         return torch.isin(tokens, self.eos_ids)
 
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)
+    def _scores(self, logits: torch.Tensor, positions: torch.LongTensor) -> torch.Tensor:
+        """Constrained scores of logits rows that predict the tokens at original `positions` [n]."""
+        offsets = positions - self.prompt_length if self.policy.positional else None
+        return self.policy.scores(logits, offsets)
 
-    def _draw(self, logits: torch.Tensor) -> torch.LongTensor:
-        """Argmax, or Gumbel-max sampling at the configured temperature."""
-        temperature = self.settings.temperature
-        if temperature == 0:
-            return logits.argmax(-1)
-        scaled = logits.double() / temperature
-        uniform = torch.rand(scaled.shape, dtype=torch.float64, device=scaled.device)
-        return (scaled - torch.log(-torch.log(uniform))).argmax(-1)
+    @staticmethod
+    def _next_positions(positions: torch.LongTensor) -> torch.LongTensor:
+        """For autoregressive logits (row j scores token j + 1 of the query): the position each row predicts."""
+        return torch.cat([positions[1:], positions[-1:] + 1])
 
     @property
     def answer_length(self) -> int:
-        """Positions of the final answer: up to and including the first EOS, at most max_new_tokens."""
-        limit = self.settings.max_new_tokens
-        return limit if self.first_eos is None else min(limit, self.first_eos + 1)
+        """Positions of the final answer: up to and including the first EOS, at most max_new_tokens, and no
+        further than a stopping criterion's cut."""
+        length = self.settings.max_new_tokens
+        if self.first_eos is not None:
+            length = min(length, self.first_eos + 1)
+        return length if self.stop_length is None else min(length, self.stop_length)
+
+    def stop_at(self, length: int) -> None:
+        """A stopping criterion fired after `length` final answer tokens: the answer ends there (tokens decoded
+        out of order beyond it are discarded, undecoded slots after it are never decoded)."""
+        self.stop_length = length if self.stop_length is None else min(self.stop_length, length)
+        if self.finished_prefix == self.answer_length:
+            self.chosen, self.plan_drafts, self.lookahead = None, None, None
+            self.stage = Stage.DONE
 
     @property
     def finished_prefix(self) -> int:
@@ -324,8 +340,9 @@ class SequenceDecoder:
         num_context = self._num_context()
         self.context = None
         self.step += 1
-        drafts = self._draw(logits)  # [len(pool)*k]; a masked position predicts its own token
-        draft_probs = self._probs(logits).gather(-1, drafts[:, None]).squeeze(-1)
+        scores = self._scores(logits, self._slot_positions(self.pool))  # a masked position predicts itself
+        drafts = self.policy.draw(scores)  # [len(pool)*k]
+        draft_probs = self.policy.probs(scores).gather(-1, drafts[:, None]).squeeze(-1)
         scores = draft_probs.view(-1, k)[:, 0]  # [len(pool)] probability of each slot's first draft
         picked = (scores > settings.slot_threshold).nonzero().flatten()
         if picked.numel() == 0:
@@ -346,7 +363,8 @@ class SequenceDecoder:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         flat = chosen.tokens.flatten()  # [n*k]
-        confidence = next_token_probs(self._probs(logits), flat).view(n, k)
+        scores = self._scores(logits, self._next_positions(self._slot_positions(chosen.slots)))
+        confidence = next_token_probs(self.policy.probs(scores), flat).view(n, k)
         confidence[:, 0] = chosen.scores  # a slot's first token keeps its planning score
         accepted = confidence > self.settings.token_threshold
         accepted[:, 0] = True  # ... and is always accepted
@@ -373,11 +391,15 @@ class SequenceDecoder:
 
     def _infill_draft(self, logits: torch.Tensor) -> torch.LongTensor:
         k, chosen = self.settings.slot_size, self.chosen
-        proposals = logits.argmax(-1)  # [unfinished*k]: each masked position predicts itself
-        # [unfinished, k]; only planning ahead reads the draft probabilities
-        probs = self._probs(logits).gather(-1, proposals[:, None]).view(-1, k) if self.settings.plan_ahead else None
-        proposals = proposals.view(-1, k)
         unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
+        # [unfinished*k]: each masked position predicts itself
+        scores = self._scores(logits, self._slot_positions([chosen.slots[i] for i in unfinished]))
+        proposals = self.policy.draw(scores)
+        # [unfinished, k]; only planning ahead reads the draft probabilities
+        probs = (
+            self.policy.probs(scores).gather(-1, proposals[:, None]).view(-1, k) if self.settings.plan_ahead else None
+        )
+        proposals = proposals.view(-1, k)
         for row, i in enumerate(unfinished):
             done = chosen.verified[i]
             chosen.tokens[i, done:] = proposals[row, done:]
@@ -389,7 +411,8 @@ class SequenceDecoder:
     def _infill_verify(self, logits: torch.Tensor) -> torch.LongTensor:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
-        confidence = next_token_probs(self._probs(logits).view(n, k, -1), chosen.tokens)  # [n, k]
+        scores = self._scores(logits, self._slot_positions(chosen.slots) + 1)  # within a slot, row j scores j + 1
+        confidence = next_token_probs(self.policy.probs(scores).view(n, k, -1), chosen.tokens)  # [n, k]
         already = torch.tensor(chosen.verified, device=self.device)
         # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
         forced = torch.arange(k, device=self.device)[None, :] <= already[:, None]
@@ -451,10 +474,43 @@ class SequenceDecoder:
         return keep
 
 
+class PrefixStopping:
+    """Stopping criteria applied to the final left-to-right prefix of every row, as stock `generate` applies them.
+
+    Stock `generate` calls its criteria once per new token, for the whole batch, with `input_ids` of shape
+    `[B, prompt_width + t]` (rows that ended are padded), and a row ends where a criterion first fires for it.
+    Here a row's prefix becomes final at its own pace, so the criteria are called for answer length t as soon as
+    every row still decoding has t final tokens: the same calls, in the same order, with the same inputs, so
+    stateful criteria (lm-eval's `MultiTokenEOSCriteria` tracks rows by batch index) work unchanged. `scores` is
+    None (ReFusion decoding refuses `output_scores`).
+    """
+
+    def __init__(self, criteria: StoppingCriteriaList, input_ids: torch.LongTensor, pad_token_id: int):
+        self.criteria = criteria
+        self.seen = input_ids  # [B, W + checked]
+        self.pad = torch.tensor(pad_token_id, dtype=torch.long, device=input_ids.device)
+        self.checked = 0  # answer positions already shown to the criteria
+
+    def update(self, sequences: list[SequenceDecoder]) -> None:
+        while any(s.answer_length > self.checked for s in sequences):  # stock stops calling when all rows ended
+            decoding = [s.finished_prefix for s in sequences if s.stage is not Stage.DONE]
+            if decoding and min(decoding) <= self.checked:
+                return  # the next position is not final in every row still decoding
+            t = self.checked
+            column = torch.stack([s.canvas[t] if t < s.answer_length else self.pad for s in sequences])
+            self.seen = torch.cat([self.seen, column[:, None]], dim=1)
+            self.checked += 1
+            fired = torch.as_tensor(self.criteria(self.seen, None), device=self.seen.device)
+            fired = fired.expand(len(sequences)) if fired.dim() == 0 else fired
+            for row in fired.nonzero().flatten().tolist():
+                if self.checked < sequences[row].answer_length:
+                    sequences[row].stop_at(self.checked)
+
+
 @dataclass
 class BatchDecodeResult:
-    tokens: torch.LongTensor  # [B, L] generated tokens, pad after the answer
-    commit_step: torch.LongTensor  # [B, L]
+    tokens: torch.LongTensor  # [B, A] generated tokens (A = longest answer), pad after each row's answer
+    commit_step: torch.LongTensor  # [B, A]
     answer_lengths: list[int]
     forward_passes_per_row: list[int]
     num_forward_passes: int
@@ -540,16 +596,22 @@ def decode_batch(
     prompts: list[torch.LongTensor],
     settings: DecodingSettings,
     pad_token_id: int,
+    policy: DraftPolicy | None = None,
+    stopping: PrefixStopping | None = None,
     on_step=None,
     forward=forward_queries,
 ) -> BatchDecodeResult:
     """Decode every prompt (unpadded 1-D tensors) with ReFusion; one forward per step serves all rows.
 
-    `on_step(sequences)` is called after every forward with the list of `SequenceDecoder`s (for streaming).
-    `forward` runs one step's queries (`forward_queries`; benchmarks swap in alternative strategies).
+    `policy` turns logits into drafts (default: greedy, never drafting the mask token). `stopping` applies
+    stopping criteria to the final prefixes after every forward. `on_step(sequences)` is called after that with
+    the list of `SequenceDecoder`s (for streaming). `forward` runs one step's queries (`forward_queries`;
+    benchmarks swap in alternative strategies).
     """
     device = prompts[0].device
-    sequences = [SequenceDecoder(prompt, settings) for prompt in prompts]
+    if policy is None:
+        policy = DraftPolicy.greedy([settings.mask_token_id], device)
+    sequences = [SequenceDecoder(prompt, settings, policy) for prompt in prompts]
     active = list(range(len(sequences)))
     kv = RaggedKVCache(model.config, len(sequences), device)
     num_forward_passes = 0
@@ -564,6 +626,8 @@ def decode_batch(
             # Query index -> index in this forward's new cache segment (contexts are left-padded).
             keep.append(kept + (context_width - query.num_context))
         kv.keep_new_entries(keep)
+        if stopping is not None:
+            stopping.update(sequences)
         if on_step is not None:
             on_step(sequences)
         still = [i for i, row in enumerate(active) if sequences[row].stage is not Stage.DONE]
@@ -571,7 +635,9 @@ def decode_batch(
             kv.select_rows(torch.tensor(still, dtype=torch.long, device=device))
             active = [active[i] for i in still]
 
-    length = settings.max_new_tokens
+    if stopping is not None:
+        stopping.update(sequences)  # a cut in the last update may have left later positions of ended rows unchecked
+    length = max(sequence.answer_length for sequence in sequences)
     tokens = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=device)
     commit_step = torch.full((len(sequences), length), -1, dtype=torch.long, device=device)
     answer_lengths = []

@@ -18,9 +18,13 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from ..generation.refusion_generation_config import DEFAULT_MAX_NEW_TOKENS, RefusionGenerationConfig
+from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
 from .errors import CardInputError
 from .sources import EvalReport, TrainingSummary, eval_results_of
+
+# The usage snippet's answer length when the checkpoint's generation config sets none (stock generate would
+# stop after 20 new tokens).
+SNIPPET_MAX_NEW_TOKENS = 512
 
 PAPER_ARXIV_ID = "2512.13586"
 CITATION = """@article{li2025refusion,
@@ -138,17 +142,19 @@ class DecodingDefaults:
     @classmethod
     def from_generation_config(cls, config) -> DecodingDefaults:
         config = RefusionGenerationConfig.from_generation_config(config)
+        knobs = {name: default if getattr(config, name) is None else getattr(config, name)
+                 for name, default in REFUSION_FIELDS.items()}  # fmt: skip
         return cls(
-            decoding=config.decoding,
-            slot_size=config.slot_size,
-            block_size=config.block_size,
-            slot_threshold=config.slot_threshold,
-            token_threshold=config.token_threshold,
+            decoding=knobs["decoding"],
+            slot_size=knobs["slot_size"],
+            block_size=knobs["block_size"],
+            slot_threshold=knobs["slot_threshold"],
+            token_threshold=knobs["token_threshold"],
             temperature=config.temperature,
             mask_token_id=config.mask_token_id,
             # What generate() uses when neither the call nor the config sets a length.
-            max_new_tokens=config.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-            plan_ahead=config.plan_ahead,
+            max_new_tokens=config.max_new_tokens or SNIPPET_MAX_NEW_TOKENS,
+            plan_ahead=knobs["plan_ahead"],
         )
 
     @classmethod
@@ -181,7 +187,7 @@ class DecodingDefaults:
                 "name": "block_size",
                 "value": str(self.block_size),
                 "meaning": "Tokens per serial block (a multiple of `slot_size`), decoded left to right; slots inside "
-                "a block in any order. `None`: one block over the whole answer.",
+                "a block in any order. `None`: 128 rounded up to a multiple of `slot_size`.",
             },
             {
                 "name": "slot_threshold",
@@ -205,8 +211,8 @@ class DecodingDefaults:
             {
                 "name": "temperature",
                 "value": str(self.temperature),
-                "meaning": "`None`/0: greedy. Above 0: drafts are sampled (Gumbel-max) at this temperature; seed "
-                "with `torch.manual_seed`.",
+                "meaning": "Read only with `do_sample=True` (stock semantics: drafts are then sampled after "
+                "transformers' logits warpers; seed with `torch.manual_seed`); `do_sample=False` is greedy.",
             },
             {
                 "name": "max_new_tokens",

@@ -187,6 +187,7 @@ def _write_model(
     source: Path, staging: Path, tokenizer_source: str | Path | None, overrides: dict[str, Any]
 ) -> tuple[bool, Any, list[str]]:
     """Save the checkpoint at `source` into `staging` in our format; returns (official format?, config, notes)."""
+    from ..generation.refusion_generation_config import REFUSION_FIELDS
     from ..modeling import RefusionConfig, RefusionForCausalLM
 
     raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
@@ -223,8 +224,10 @@ def _write_model(
         setattr(generation_config, key, value)
     if generation_config.mask_token_id is None:
         generation_config.mask_token_id = mask_id
-    try:
-        generation_config.validate()
+    try:  # the published generation_config.json states every ReFusion knob, defaults included
+        generation_config.update(
+            **{name: value for name, value in REFUSION_FIELDS.items() if value is not None}, defaults_only=True
+        )
     except ValueError as error:
         options = ", ".join(DECODING_OVERRIDES[key] for key in overrides) or "the checkpoint's generation_config.json"
         raise CardInputError(f"invalid decoding defaults ({options}): {error}") from None

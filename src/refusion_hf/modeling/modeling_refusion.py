@@ -79,7 +79,7 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         if attention_mask is None and position_ids is not None:
             attention_mask = self._all_ones_attention_mask(input_ids, inputs_embeds, cache, kwargs)
         elif (
-            attention_mask is not None
+            torch.is_tensor(attention_mask)  # stock generation with a static cache passes a dict of masks
             and attention_mask.ndim == 4
             and attention_mask.dtype == torch.bool
             and self.config._attn_implementation == "eager"
