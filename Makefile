@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROMPT ?= Ann has 12 apples. She buys 5 more. Then she gives away 3. How many apples does Ann have now?
 
-.PHONY: install test lint demo
+.PHONY: install test lint demo embedded-bundle
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,3 +24,8 @@ test: lint
 
 demo: install
 	$(BIN)/refusion generate "$(PROMPT)" --show-order
+
+# Rewrite the embedded model folder's remote code and custom_generate/ from the current sources (a test checks
+# that they are what save_pretrained writes).
+embedded-bundle: install
+	$(BIN)/python -c "from refusion_hf.generation.cli import default_model_path; from refusion_hf.modeling.remote_code import write_model_bundle; print(write_model_bundle(default_model_path()))"

@@ -15,6 +15,7 @@ from huggingface_hub import ModelCard, constants
 from safetensors.torch import load_file
 
 from refusion_hf.cli import main
+from refusion_hf.generation.custom_generate import generate
 from refusion_hf.hub_card import PushError, push_folder
 from refusion_hf.modeling import RefusionConfig, RefusionForCausalLM
 from refusion_hf.modeling.remote_code import collect_bundle_modules
@@ -34,14 +35,22 @@ REFUSION_DEFAULTS = {
 
 def expected_files() -> set[str]:
     remote_code = set(collect_bundle_modules(RefusionConfig, RefusionForCausalLM))
-    return {
-        "README.md",
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    } | remote_code
+    custom_generate = {
+        f"custom_generate/{name}" for name in collect_bundle_modules(generate) if name != "custom_generate.py"
+    }
+    custom_generate |= {"custom_generate/generate.py", "custom_generate/requirements.txt"}
+    return (
+        {
+            "README.md",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        }
+        | remote_code
+        | custom_generate
+    )
 
 
 def folder_files(folder) -> dict[str, bytes]:

@@ -90,3 +90,41 @@ def test_bare_environment_loads_and_generates_identically(fixture_path, tmp_path
         assert torch.equal(torch.tensor(got["logits"], dtype=torch.float64), expected_logits)
         assert got["tokens"] == expected_tokens
         assert got["slot_size"] == model.generation_config.slot_size
+
+
+def test_embedded_model_folder_carries_the_current_bundle(tmp_path):
+    """The embedded folder's remote code and custom_generate/ are exactly what save_pretrained writes today
+    (refresh them with `make embedded-bundle`)."""
+    from refusion_hf.generation.cli import default_model_path
+
+    embedded = default_model_path()
+    RefusionForCausalLM.from_pretrained(embedded).save_pretrained(tmp_path)
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.suffix in (".py", ".txt"))
+    shipped = sorted(str(p.relative_to(embedded)) for p in embedded.rglob("*") if p.suffix in (".py", ".txt"))
+    assert written == shipped
+    stale = [name for name in written if (tmp_path / name).read_text() != (embedded / name).read_text()]
+    assert not stale, f"run `make embedded-bundle`: {stale} differ from what save_pretrained writes"
+    assert (
+        json.loads((embedded / "config.json").read_text())["auto_map"]
+        == json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    )
+
+
+def test_embedded_model_loads_anywhere(tmp_path):
+    from refusion_hf.generation.cli import default_model_path
+
+    embedded = default_model_path()
+    model = RefusionForCausalLM.from_pretrained(embedded, dtype=torch.float32).eval()
+    ids = [[1, 372, 285, 44, 300, 10]]  # token ids of the embedded vocabulary (770 tokens)
+    expected = model.generate(torch.tensor(ids), max_new_tokens=16).tolist()
+    result = run_bare(
+        f"""
+        import json, torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(embedded)!r}, trust_remote_code=True, dtype=torch.float32)
+        assert type(model).__module__.startswith("transformers_modules")
+        print(json.dumps(model.eval().generate(torch.tensor({ids}), max_new_tokens=16).tolist()))
+        """,
+        tmp_path,
+    )
+    assert result == expected

@@ -285,6 +285,8 @@ def _sequence_bias_keys(sequence_bias) -> list:
 
 def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig, vocab_size: int) -> None:
     """`ValueError` for prompts and token ids that are not ids of this model (both decoding paths)."""
+    if input_ids is None:
+        raise ValueError("generate() needs `input_ids` (the prompts as token ids); `inputs_embeds` is not supported.")
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise ValueError("`input_ids` must be a 2-D tensor of token ids, shape (batch_size, prompt_length).")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:

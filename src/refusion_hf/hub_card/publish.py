@@ -11,7 +11,8 @@ The folder is built next to `out` and moved into place only when complete, so a 
 half-written folder behind. Inputs are validated before any heavy work.
 
 A push makes the repository's model the folder's: model files of an earlier push that the folder does not have
-(weights, a shard index, an adapter, remote code, tokenizer files; `MODEL_FILE_PATTERNS`, top level) are deleted
+(weights, a shard index, an adapter, remote code, tokenizer files: `MODEL_FILE_PATTERNS` at the top level, and
+every file under `custom_generate/`) are deleted
 in the same commit, so they cannot be loaded beside the new ones; any other file already there is kept and named.
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+from ..modeling.remote_code import CUSTOM_GENERATE_DIR
 from .card import (
     DEFAULT_EXAMPLE_PROMPT,
     DEFAULT_LICENSE,
@@ -159,10 +161,10 @@ def _check_out(out: Path, source: Path, overwrite: bool) -> None:
         cwd = Path.cwd().resolve()
         if out_resolved in (cwd, Path.home().resolve()) or out_resolved in cwd.parents:
             raise CardInputError(f"--out {out} is the working or home directory; --overwrite will not replace it.")
-        if any(entry.is_dir() for entry in out.iterdir()):
+        if any(entry.is_dir() and entry.name != CUSTOM_GENERATE_DIR for entry in out.iterdir()):
             raise CardInputError(
-                f"--out {out} has subfolders, so it is not a published folder; --overwrite only replaces those. "
-                "Choose a new folder."
+                f"--out {out} has subfolders other than {CUSTOM_GENERATE_DIR}/, so it is not a published folder; "
+                "--overwrite only replaces those. Choose a new folder."
             )
 
 
@@ -383,7 +385,7 @@ def publish(
             # Empty, or a flat folder of files with --overwrite (checked above): replace its files, keep the folder
             # itself (it may be the working directory).
             for entry in target.iterdir():
-                entry.unlink()
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
             for entry in staging.iterdir():
                 entry.rename(target / entry.name)
         else:
@@ -500,6 +502,9 @@ def _stale_remote_files(remote: list[str], folder: Path) -> tuple[list[str], lis
     local = {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
     extra = sorted(set(remote) - local - {".gitattributes"})
     deleted = [
-        path for path in extra if "/" not in path and any(fnmatch.fnmatchcase(path, p) for p in MODEL_FILE_PATTERNS)
+        path
+        for path in extra
+        if ("/" not in path and any(fnmatch.fnmatchcase(path, p) for p in MODEL_FILE_PATTERNS))
+        or path.startswith(f"{CUSTOM_GENERATE_DIR}/")
     ]
     return deleted, [path for path in extra if path not in deleted]

@@ -13,7 +13,8 @@ The network is exactly transformers' Qwen3 (subclassed, not copied). Three thing
   meaning (shifted causal-LM loss), so the model also trains as a plain autoregressive LM.
 
 `save_pretrained` (and so `push_to_hub`) also writes the flat remote-code bundle and `auto_map`, so the saved
-folder loads with `trust_remote_code=True` where this package is not installed.
+folder loads with `trust_remote_code=True` where this package is not installed, and `custom_generate/`, so a stock
+Qwen3 model decodes with ReFusion through `generate(custom_generate=folder, trust_remote_code=True)`.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -27,7 +28,7 @@ from ..generation.refusion_generation_config import RefusionGenerationConfig
 from ..generation.refusion_generation_mixin import RefusionGenerationMixin
 from .configuration_refusion import RefusionConfig
 from .refusion_loss import RefusionCausalLMOutputWithPast, refusion_loss
-from .remote_code import auto_map_for, write_remote_code
+from .remote_code import auto_map_for, write_model_bundle
 
 
 class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
@@ -129,7 +130,7 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         self.config.auto_map = auto_map_for(self.config_class, type(self))
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            write_remote_code(save_directory, self.config_class, type(self))
+            write_model_bundle(save_directory, self.config_class, type(self))
 
 
 __all__ = ["RefusionForCausalLM"]

@@ -12,6 +12,10 @@ Rules the exported modules follow (checked here, with an error naming the offend
 * no `from . import mod` and no absolute `refusion_hf` import (the bundle must load where the package is
   not installed);
 * module file names are unique across subpackages.
+
+`write_custom_generate` exports ReFusion decoding the same way for stock models: `custom_generate/generate.py`
+(transformers' "custom generation method" layout, loaded by `generate(custom_generate=DIR_OR_REPO,
+trust_remote_code=True)`), with its flat siblings beside it in `custom_generate/`.
 """
 
 from __future__ import annotations
@@ -36,9 +40,14 @@ def _resolve(module, dots: str, path: str) -> str:
     return importlib.util.resolve_name(dots + path, package)
 
 
-def collect_bundle_modules(*classes: type) -> dict[str, object]:
-    """All modules reachable through relative imports from the modules defining `classes`, by flat file name."""
-    pending = [sys.modules[cls.__module__] for cls in classes]
+CUSTOM_GENERATE_DIR = "custom_generate"
+CUSTOM_GENERATE_REQUIREMENTS = "torch\ntransformers>=5.24,<6\n"
+
+
+def collect_bundle_modules(*roots) -> dict[str, object]:
+    """All modules reachable through relative imports from the modules defining `roots` (classes or functions),
+    by flat file name."""
+    pending = [sys.modules[root.__module__] for root in roots]
     by_file: dict[str, object] = {}
     while pending:
         module = pending.pop()
@@ -78,15 +87,31 @@ def flatten_source(source: str) -> str:
     return _RELATIVE_FROM.sub(to_sibling, source)
 
 
-def write_remote_code(save_directory: str | Path, *classes: type) -> list[str]:
-    """Write the flat bundle for `classes` into `save_directory`; returns the file names written."""
+def write_remote_code(save_directory: str | Path, *roots, entry_name: str | None = None) -> list[str]:
+    """Write the flat bundle for `roots` into `save_directory`; returns the file names written. With
+    `entry_name`, the module of the first root is written under that name."""
     save_directory = Path(save_directory)
     save_directory.mkdir(parents=True, exist_ok=True)
-    modules = collect_bundle_modules(*classes)
+    modules = collect_bundle_modules(*roots)
+    entry = sys.modules[roots[0].__module__]
+    written = []
     for flat_name, module in sorted(modules.items()):
         source = Path(inspect.getsourcefile(module)).read_text()
-        (save_directory / flat_name).write_text(flatten_source(source))
-    return sorted(modules)
+        name = entry_name if entry_name is not None and module is entry else flat_name
+        (save_directory / name).write_text(flatten_source(source))
+        written.append(name)
+    return sorted(written)
+
+
+def write_custom_generate(save_directory: str | Path) -> list[str]:
+    """Write `custom_generate/` (generate.py, its flat siblings, requirements.txt) into `save_directory`; returns
+    the paths written, relative to it."""
+    from ..generation.custom_generate import generate
+
+    folder = Path(save_directory) / CUSTOM_GENERATE_DIR
+    written = write_remote_code(folder, generate, entry_name="generate.py")
+    (folder / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
+    return [f"{CUSTOM_GENERATE_DIR}/{name}" for name in [*written, "requirements.txt"]]
 
 
 def auto_map_for(config_class: type, model_class: type) -> dict[str, str]:
@@ -100,3 +125,15 @@ def auto_map_for(config_class: type, model_class: type) -> dict[str, str]:
         "AutoModel": reference(model_class),
         "AutoModelForCausalLM": reference(model_class),
     }
+
+
+def write_model_bundle(save_directory: str | Path, config_class: type | None = None, model_class: type | None = None):
+    """Everything `save_pretrained` writes besides weights, configs and tokenizer: the flat remote code of the
+    classes (default: `RefusionConfig`, `RefusionForCausalLM`) and `custom_generate/`; returns the paths written.
+    Also how the embedded model folder is refreshed (`make embedded-bundle`)."""
+    if config_class is None or model_class is None:
+        from .configuration_refusion import RefusionConfig
+        from .modeling_refusion import RefusionForCausalLM
+
+        config_class, model_class = config_class or RefusionConfig, model_class or RefusionForCausalLM
+    return [*write_remote_code(save_directory, config_class, model_class), *write_custom_generate(save_directory)]

@@ -1,0 +1,657 @@
+"""ReFusion plan-and-infill decoding (DESIGN.md section 3), for left-padded batches.
+
+Each sequence is a `SequenceDecoder`: an explicit state machine over the stages
+
+    PLAN            one forward of the block's undecoded slots (all mask tokens); drafts + slot scores;
+                    choose the slots to decode.
+    VERIFY          one forward of the chosen drafts, concatenated in position order; accept the longest
+                    confident prefix; commit whole slots (or up to an EOS), else go to infill.
+    INFILL_DRAFT    each unfinished chosen slot re-drafts its unverified tail (masks, own logits).
+    INFILL_VERIFY   each chosen slot verifies its tokens autoregressively; when every slot is complete,
+                    the slots are committed together with the KV each computed alone (full KV reuse).
+
+Planning ahead (`DecodingSettings.plan_ahead`): a VERIFY or INFILL_VERIFY query also carries the next PLAN's
+mask tokens, seeing every token of the current query. When the current stage then commits exactly those tokens
+and the pool is the one assumed, the next plan's inputs are the same as in a PLAN forward of its own (same cache
+entries in the same order, same masks at the same positions), so its logits are used and that forward is saved;
+otherwise they are discarded. Results do not change (up to float rounding of a differently shaped matmul); only
+forward passes are saved. The masks ride along only when that outcome is likely: every draft still to be
+verified was drafted with a probability above the token threshold (extra query tokens are not free on a CPU).
+
+`decode_batch` drives all sequences in lock step: every loop iteration asks each unfinished sequence for its
+next `Query` (tokens, original positions, which query tokens see which), runs ONE model forward for all of
+them on top of one shared KV cache, and hands each sequence its logits. A sequence answers with the query
+tokens it commits; their KV entries are kept, everything else the forward appended is dropped. So the cache
+always holds exactly the committed tokens (prompt first, then commit order), rows are ragged (a validity
+mask says which entries each row may attend to), and chosen slots that must not see each other are packed
+in one row under a block-diagonal mask instead of copying the prefix cache per slot.
+
+Sequences that finish leave the batch (their cache rows are dropped), so they cost nothing afterwards.
+
+How logits become drafts and confidences (greedy or sampled, under transformers' logits processors) is the
+`DraftPolicy` (draft_policy.py). Stopping criteria see the final left-to-right prefix through `PrefixStopping`,
+called the way stock `generate` calls them: once per answer position, for the whole batch.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, StoppingCriteriaList
+
+from .draft_policy import DraftPolicy
+
+
+class Stage(enum.Enum):
+    PLAN = "plan"
+    VERIFY = "verify"
+    INFILL_DRAFT = "infill_draft"
+    INFILL_VERIFY = "infill_verify"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    max_new_tokens: int  # L: tokens returned per sequence
+    slot_size: int  # k
+    block_size: int  # b: tokens per serial block, a multiple of k
+    slot_threshold: float
+    token_threshold: float
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    plan_ahead: bool = True  # run the next plan inside verification forwards (see the module docstring)
+
+    @property
+    def canvas_length(self) -> int:  # L rounded up to a multiple of k
+        return -(-self.max_new_tokens // self.slot_size) * self.slot_size
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.canvas_length // self.block_size)
+
+
+@dataclass
+class Query:
+    """What one sequence feeds to one forward.
+
+    The first `num_context` tokens need no logits (the prompt, on the first forward); logits are returned for the
+    remaining ones. `visible[i, j]` says whether query token i may attend to query token j; every query token
+    also sees all of the sequence's cached (committed) tokens.
+    """
+
+    tokens: torch.LongTensor  # [q]
+    positions: torch.LongTensor  # [q] original positions
+    visible: torch.BoolTensor  # [q, q]
+    num_context: int = 0
+
+    @property
+    def num_scored(self) -> int:
+        return self.tokens.shape[0] - self.num_context
+
+
+def causal(length: int, device) -> torch.BoolTensor:
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def block_diagonal_causal(num_slots: int, slot_size: int, device) -> torch.BoolTensor:
+    """[n*k, n*k]: causal inside each slot, nothing across slots."""
+    return torch.block_diag(*[causal(slot_size, device)] * num_slots)
+
+
+def next_token_probs(probs_of: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+    """probs_of: [..., n, V] probabilities from each position; returns [..., n] where entry j (j >= 1) is the
+    probability of tokens[..., j] given the position before it. Entry 0 is undefined (set to 0)."""
+    gathered = probs_of[..., :-1, :].gather(-1, tokens[..., 1:, None]).squeeze(-1)
+    first = torch.zeros(tokens[..., :1].shape, dtype=probs_of.dtype, device=probs_of.device)
+    return torch.cat([first, gathered], dim=-1)
+
+
+def prefix_length(accepted: torch.BoolTensor) -> torch.LongTensor:
+    """Length of the leading run of True along the last dimension."""
+    return accepted.long().cumprod(-1).sum(-1)
+
+
+@dataclass
+class ChosenSlots:
+    """The slots picked by one plan, in position order, and their state through verification and infill."""
+
+    slots: list[int]  # slot indices (slot s covers canvas [s*k, (s+1)*k))
+    tokens: torch.LongTensor  # [n, k] current drafts
+    scores: torch.Tensor  # [n] probability of each slot's first draft at planning time
+    draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
+    verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
+
+    def keep_first(self, n: int) -> None:
+        """Drop every chosen slot after the first `n`."""
+        self.slots, self.tokens, self.draft_probs = self.slots[:n], self.tokens[:n], self.draft_probs[:n]
+        self.verified = self.verified[:n]
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """The next plan's masks appended to a verification query, and what that plan assumes."""
+
+    slots: list[int]  # the pool the next plan would have
+    after: int  # query tokens before the masks: all of them must be committed, in query order
+
+
+class SequenceDecoder:
+    """ReFusion decoding state of one sequence; see the module docstring for the stages."""
+
+    def __init__(self, prompt: torch.LongTensor, settings: DecodingSettings, policy: DraftPolicy):
+        device = prompt.device
+        self.settings = settings
+        self.policy = policy
+        self.device = device
+        self.prompt_length = prompt.shape[0]
+        k, length = settings.slot_size, settings.canvas_length
+        self.canvas = torch.full((length,), settings.mask_token_id, dtype=torch.long, device=device)
+        self.committed = torch.zeros(length, dtype=torch.bool, device=device)
+        self.commit_step = torch.full((length,), -1, dtype=torch.long, device=device)
+        self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
+        self.first_eos: int | None = None  # canvas index of the first committed EOS
+        self.stop_length: int | None = None  # set by a stopping criterion: the answer ends after this many tokens
+        self.ends_after_block = False  # an EOS was accepted: no block after the current one is decoded
+        self.slots_per_block = settings.block_size // k
+        self.num_slots = length // k
+        self.block = 0
+        self.pool: list[int] = self._block_slots(0)  # undecoded slots of the current block, in order
+        self.context = prompt  # tokens to cache with the next forward (the prompt, once)
+        self.stage = Stage.PLAN
+        self.step = -1  # planning iteration
+        self.forward_passes = 0
+        self.trace_chosen: list[list[int]] = []
+        self.plan_drafts: torch.LongTensor | None = None  # [len(pool), k], for draft streaming
+        self.chosen: ChosenSlots | None = None
+        self.lookahead: Lookahead | None = None  # set by `query` when the next plan rides along
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _block_slots(self, block: int) -> list[int]:
+        start = block * self.slots_per_block
+        return list(range(start, min(start + self.slots_per_block, self.num_slots)))
+
+    def _slot_positions(self, slots: list[int]) -> torch.LongTensor:
+        """[n*k] original positions of the slots' tokens."""
+        k = self.settings.slot_size
+        starts = torch.tensor(slots, dtype=torch.long, device=self.device) * k + self.prompt_length
+        return (starts[:, None] + torch.arange(k, device=self.device)).flatten()
+
+    def _is_eos(self, tokens: torch.Tensor) -> torch.BoolTensor:
+        return torch.isin(tokens, self.eos_ids)
+
+    def _scores(self, logits: torch.Tensor, positions: torch.LongTensor) -> torch.Tensor:
+        """Constrained scores of logits rows that predict the tokens at original `positions` [n]."""
+        offsets = positions - self.prompt_length if self.policy.positional else None
+        return self.policy.scores(logits, offsets)
+
+    @staticmethod
+    def _next_positions(positions: torch.LongTensor) -> torch.LongTensor:
+        """For autoregressive logits (row j scores token j + 1 of the query): the position each row predicts."""
+        return torch.cat([positions[1:], positions[-1:] + 1])
+
+    @property
+    def answer_length(self) -> int:
+        """Positions of the final answer: up to and including the first EOS, at most max_new_tokens, and no
+        further than a stopping criterion's cut."""
+        length = self.settings.max_new_tokens
+        if self.first_eos is not None:
+            length = min(length, self.first_eos + 1)
+        return length if self.stop_length is None else min(length, self.stop_length)
+
+    def stop_at(self, length: int) -> None:
+        """A stopping criterion fired after `length` final answer tokens: the answer ends there (tokens decoded
+        out of order beyond it are discarded, undecoded slots after it are never decoded)."""
+        self.stop_length = length if self.stop_length is None else min(self.stop_length, length)
+        if self.finished_prefix == self.answer_length:
+            self.chosen, self.plan_drafts, self.lookahead = None, None, None
+            self.stage = Stage.DONE
+
+    @property
+    def finished_prefix(self) -> int:
+        """Length of the left-to-right prefix of the answer that is final (committed, nothing missing)."""
+        undecoded = (~self.committed[: self.answer_length]).nonzero()
+        return self.answer_length if undecoded.numel() == 0 else int(undecoded[0])
+
+    def draft_view(self) -> torch.LongTensor:
+        """The canvas with the current drafts filled in (masks where there is none), for draft streaming."""
+        view = self.canvas.clone()
+        k = self.settings.slot_size
+        if self.stage is Stage.VERIFY and self.plan_drafts is not None:
+            for slot, tokens in zip(self.pool, self.plan_drafts):
+                view[slot * k : (slot + 1) * k] = tokens
+        if self.chosen is not None:
+            for slot, tokens in zip(self.chosen.slots, self.chosen.tokens):
+                view[slot * k : (slot + 1) * k] = tokens
+        return view[: self.settings.max_new_tokens]
+
+    # ------------------------------------------------------------------------------------------ queries
+    def query(self) -> Query:
+        k = self.settings.slot_size
+        if self.stage is Stage.PLAN:
+            # All undecoded slots of the block as mask tokens, causal (as one ordinary sequence).
+            tokens = torch.full((len(self.pool) * k,), self.settings.mask_token_id, device=self.device)
+            positions = self._slot_positions(self.pool)
+        elif self.stage is Stage.VERIFY:
+            # The chosen drafts concatenated in position order, causal: each sees the chosen slots before it.
+            tokens = self.chosen.tokens.flatten()
+            positions = self._slot_positions(self.chosen.slots)
+        else:
+            chosen = self.chosen
+            rows = range(len(chosen.slots))
+            if self.stage is Stage.INFILL_DRAFT:
+                # Unfinished slots only, unverified tails masked; each slot sees only itself.
+                rows = [i for i in rows if chosen.verified[i] < k]
+            slot_tokens = chosen.tokens[list(rows)].clone()
+            if self.stage is Stage.INFILL_DRAFT:
+                for row, i in enumerate(rows):
+                    slot_tokens[row, chosen.verified[i] :] = self.settings.mask_token_id
+            tokens = slot_tokens.flatten()
+            positions = self._slot_positions([chosen.slots[i] for i in rows])
+            visible = block_diagonal_causal(len(rows), k, self.device)
+            if self.stage is Stage.INFILL_VERIFY:
+                return self._with_lookahead(Query(tokens, positions, visible))
+            return Query(tokens, positions, visible)
+        context = self.context
+        if context is not None:
+            tokens = torch.cat([context, tokens])
+            positions = torch.cat([torch.arange(context.shape[0], device=self.device), positions])
+        query = Query(tokens, positions, causal(tokens.shape[0], self.device), num_context=self._num_context())
+        return self._with_lookahead(query) if self.stage is Stage.VERIFY else query
+
+    def _next_block_slots(self) -> list[int]:
+        """The slots of the block after the current one; none when decoding ends with the current block."""
+        if self.ends_after_block or self.block + 1 >= self.settings.num_blocks:
+            return []
+        return self._block_slots(self.block + 1)
+
+    def _pool_after_commit(self) -> list[int]:
+        """The pool of the next plan if this iteration commits every chosen slot."""
+        chosen = set(self.chosen.slots)
+        return [slot for slot in self.pool if slot not in chosen] or self._next_block_slots()
+
+    def _likely_to_commit_all(self) -> bool:
+        """Whether every draft this verification must accept was drafted with probability above the token
+        threshold (the always-accepted token of each slot aside)."""
+        k, chosen = self.settings.slot_size, self.chosen
+        if self.stage is Stage.VERIFY:
+            forced = torch.zeros(len(chosen.slots), dtype=torch.long, device=self.device)  # first token
+        else:
+            forced = torch.tensor(chosen.verified, device=self.device)  # first unverified token
+        pending = torch.arange(k, device=self.device)[None, :] > forced[:, None]  # [n, k]
+        return bool((chosen.draft_probs[pending] > self.settings.token_threshold).all())
+
+    def _with_lookahead(self, query: Query) -> Query:
+        """Append the next plan's masks to a verification query (when planning ahead and the step will likely
+        commit everything): they see every query token and, causally, each other; the query's own tokens do
+        not see them. Verification queries carry no context, so query and scored indices coincide."""
+        if not self.settings.plan_ahead or not self._likely_to_commit_all():
+            return query
+        slots = self._pool_after_commit()
+        if not slots:
+            return query
+        q = query.tokens.shape[0]
+        masks = torch.full((len(slots) * self.settings.slot_size,), self.settings.mask_token_id, device=self.device)
+        m = masks.shape[0]
+        visible = torch.zeros(q + m, q + m, dtype=torch.bool, device=self.device)
+        visible[:q, :q] = query.visible
+        visible[q:, :q] = True
+        visible[q:, q:] = causal(m, self.device)
+        self.lookahead = Lookahead(slots, after=q)
+        return Query(
+            torch.cat([query.tokens, masks]),
+            torch.cat([query.positions, self._slot_positions(slots)]),
+            visible,
+            num_context=query.num_context,
+        )
+
+    def _num_context(self) -> int:
+        return 0 if self.context is None else self.context.shape[0]
+
+    # ----------------------------------------------------------------------------------------- advance
+    def advance(self, logits: torch.Tensor) -> torch.LongTensor:
+        """Consume this sequence's logits of the last forward ([num_scored, V]); return the indices (into the
+        query) of the tokens whose KV stays in the cache, in cache order."""
+        self.forward_passes += 1
+        lookahead, self.lookahead = self.lookahead, None
+        if lookahead is not None:
+            logits, ahead_logits = logits[: lookahead.after], logits[lookahead.after :]
+        stage = self.stage
+        if stage is Stage.PLAN:
+            return self._plan(logits)
+        if stage is Stage.VERIFY:
+            keep = self._verify(logits)
+        elif stage is Stage.INFILL_DRAFT:
+            return self._infill_draft(logits)
+        else:
+            keep = self._infill_verify(logits)
+        # Verification stages commit a prefix of their query (`keep` = 0 .. m-1). The plan that rode along
+        # holds when that prefix is the whole query and the pool is the one it assumed.
+        if lookahead is not None and self.stage is Stage.PLAN:
+            if keep.numel() == lookahead.after and self.pool == lookahead.slots:
+                self._plan(ahead_logits)  # no context here: it keeps nothing
+        return keep
+
+    def _plan(self, logits: torch.Tensor) -> torch.LongTensor:
+        k, settings = self.settings.slot_size, self.settings
+        num_context = self._num_context()
+        self.context = None
+        self.step += 1
+        scores = self._scores(logits, self._slot_positions(self.pool))  # a masked position predicts itself
+        drafts = self.policy.draw(scores)  # [len(pool)*k]
+        draft_probs = self.policy.probs(scores).gather(-1, drafts[:, None]).squeeze(-1)
+        scores = draft_probs.view(-1, k)[:, 0]  # [len(pool)] probability of each slot's first draft
+        picked = (scores > settings.slot_threshold).nonzero().flatten()
+        if picked.numel() == 0:
+            picked = scores.argmax().view(1)
+        picked = picked.tolist()  # ascending = position order (the pool is kept sorted)
+        self.plan_drafts = drafts.view(-1, k)
+        self.chosen = ChosenSlots(
+            slots=[self.pool[i] for i in picked],
+            tokens=self.plan_drafts[picked],
+            scores=scores[picked],
+            draft_probs=draft_probs.view(-1, k)[picked],
+        )
+        self.trace_chosen.append([slot * k for slot in self.chosen.slots])
+        self.stage = Stage.VERIFY
+        return torch.arange(num_context, device=self.device)
+
+    def _verify(self, logits: torch.Tensor) -> torch.LongTensor:
+        k, chosen = self.settings.slot_size, self.chosen
+        n = len(chosen.slots)
+        flat = chosen.tokens.flatten()  # [n*k]
+        scores = self._scores(logits, self._next_positions(self._slot_positions(chosen.slots)))
+        confidence = next_token_probs(self.policy.probs(scores), flat).view(n, k)
+        confidence[:, 0] = chosen.scores  # a slot's first token keeps its planning score
+        accepted = confidence > self.settings.token_threshold
+        accepted[:, 0] = True  # ... and is always accepted
+        global_prefix = int(prefix_length(accepted.flatten()))
+        eos = self._is_eos(flat[:global_prefix]).nonzero()
+        if eos.numel() > 0:
+            # Commit the chosen slots up to the first EOS (truncated right after it); nothing after it survives.
+            end = int(eos[0]) + 1
+            eos_row = (end - 1) // k
+            self._commit(chosen.slots[: eos_row + 1], flat[:end])
+            self._drop_after(chosen.slots[eos_row])
+            return self._finish_iteration(torch.arange(end, device=self.device))
+        whole = global_prefix // k
+        if whole > 0:
+            # Whole slots verified together: keep their KV from this forward (they saw each other in order).
+            self._commit(chosen.slots[:whole], flat[: whole * k])
+            return self._finish_iteration(torch.arange(whole * k, device=self.device))
+        # Not even the first slot: complete every chosen slot on its own, from its own verified prefix.
+        chosen.verified = prefix_length(accepted).tolist()
+        in_infill = set(chosen.slots)
+        self.pool = [slot for slot in self.pool if slot not in in_infill]
+        self.stage = Stage.INFILL_DRAFT
+        return self._nothing()
+
+    def _infill_draft(self, logits: torch.Tensor) -> torch.LongTensor:
+        k, chosen = self.settings.slot_size, self.chosen
+        unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
+        # [unfinished*k]: each masked position predicts itself
+        scores = self._scores(logits, self._slot_positions([chosen.slots[i] for i in unfinished]))
+        proposals = self.policy.draw(scores)
+        # [unfinished, k]; only planning ahead reads the draft probabilities
+        probs = (
+            self.policy.probs(scores).gather(-1, proposals[:, None]).view(-1, k) if self.settings.plan_ahead else None
+        )
+        proposals = proposals.view(-1, k)
+        for row, i in enumerate(unfinished):
+            done = chosen.verified[i]
+            chosen.tokens[i, done:] = proposals[row, done:]
+            if probs is not None:
+                chosen.draft_probs[i, done:] = probs[row, done:]
+        self.stage = Stage.INFILL_VERIFY
+        return self._nothing()
+
+    def _infill_verify(self, logits: torch.Tensor) -> torch.LongTensor:
+        k, chosen = self.settings.slot_size, self.chosen
+        n = len(chosen.slots)
+        scores = self._scores(logits, self._slot_positions(chosen.slots) + 1)  # within a slot, row j scores j + 1
+        confidence = next_token_probs(self.policy.probs(scores).view(n, k, -1), chosen.tokens)  # [n, k]
+        already = torch.tensor(chosen.verified, device=self.device)
+        # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
+        forced = torch.arange(k, device=self.device)[None, :] <= already[:, None]
+        accepted = (confidence > self.settings.token_threshold) | forced
+        chosen.verified = prefix_length(accepted).tolist()
+        for i in range(n):
+            if self._is_eos(chosen.tokens[i, : chosen.verified[i]]).any():
+                # This slot ends the answer: later chosen slots and later undecoded slots are discarded.
+                chosen.keep_first(i + 1)
+                chosen.verified[i] = k
+                self._drop_after(chosen.slots[i])
+                break
+        if min(chosen.verified) < k:
+            self.stage = Stage.INFILL_DRAFT
+            return self._nothing()
+        # Every slot complete: append them in position order with the KV each computed on its own.
+        flat = chosen.tokens.flatten()
+        eos = self._is_eos(flat).nonzero()
+        end = flat.shape[0] if eos.numel() == 0 else int(eos[0]) + 1
+        self._commit(chosen.slots, flat[:end])
+        return self._finish_iteration(torch.arange(end, device=self.device))
+
+    # ------------------------------------------------------------------------------------------ commit
+    def _commit(self, slots: list[int], tokens: torch.LongTensor) -> None:
+        """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas."""
+        k = self.settings.slot_size
+        index = torch.tensor(slots, device=self.device)[:, None] * k + torch.arange(k, device=self.device)
+        index = index.flatten()[: tokens.shape[0]]
+        self.canvas[index] = tokens
+        self.committed[index] = True
+        self.commit_step[index] = self.step
+        done = set(slots)
+        self.pool = [slot for slot in self.pool if slot not in done]
+        eos = index[self._is_eos(tokens)]
+        if eos.numel() > 0:
+            first = int(eos.min())
+            self.first_eos = first if self.first_eos is None else min(self.first_eos, first)
+
+    def _drop_after(self, eos_slot: int) -> None:
+        """An EOS was accepted in `eos_slot`: drop undecoded slots after it; stop after this block."""
+        self.pool = [slot for slot in self.pool if slot < eos_slot]
+        self.ends_after_block = True
+
+    def _nothing(self) -> torch.LongTensor:
+        return torch.zeros(0, dtype=torch.long, device=self.device)
+
+    def _finish_iteration(self, keep: torch.LongTensor) -> torch.LongTensor:
+        self.chosen = None
+        self.plan_drafts = None
+        self.stage = Stage.PLAN
+        if self.finished_prefix == self.answer_length:
+            # Everything that will be returned is decoded; the rest of the canvas cannot change it.
+            self.stage = Stage.DONE
+        elif not self.pool:
+            self.pool = self._next_block_slots()
+            self.block += 1
+            if not self.pool:
+                self.stage = Stage.DONE
+        return keep
+
+
+class PrefixStopping:
+    """Stopping criteria applied to the final left-to-right prefix of every row, as stock `generate` applies them.
+
+    Stock `generate` calls its criteria once per new token, for the whole batch, with `input_ids` of shape
+    `[B, prompt_width + t]` (rows that ended are padded), and a row ends where a criterion first fires for it.
+    Here a row's prefix becomes final at its own pace, so the criteria are called for answer length t as soon as
+    every row still decoding has t final tokens: the same calls, in the same order, with the same inputs, so
+    stateful criteria (lm-eval's `MultiTokenEOSCriteria` tracks rows by batch index) work unchanged. `scores` is
+    None (ReFusion decoding refuses `output_scores`).
+    """
+
+    def __init__(self, criteria: StoppingCriteriaList, input_ids: torch.LongTensor, pad_token_id: int):
+        self.criteria = criteria
+        self.seen = input_ids  # [B, W + checked]
+        self.pad = torch.tensor(pad_token_id, dtype=torch.long, device=input_ids.device)
+        self.checked = 0  # answer positions already shown to the criteria
+
+    def update(self, sequences: list[SequenceDecoder]) -> None:
+        while any(s.answer_length > self.checked for s in sequences):  # stock stops calling when all rows ended
+            decoding = [s.finished_prefix for s in sequences if s.stage is not Stage.DONE]
+            if decoding and min(decoding) <= self.checked:
+                return  # the next position is not final in every row still decoding
+            t = self.checked
+            column = torch.stack([s.canvas[t] if t < s.answer_length else self.pad for s in sequences])
+            self.seen = torch.cat([self.seen, column[:, None]], dim=1)
+            self.checked += 1
+            fired = torch.as_tensor(self.criteria(self.seen, None), device=self.seen.device)
+            fired = fired.expand(len(sequences)) if fired.dim() == 0 else fired
+            for row in fired.nonzero().flatten().tolist():
+                if self.checked < sequences[row].answer_length:
+                    sequences[row].stop_at(self.checked)
+
+
+@dataclass
+class BatchDecodeResult:
+    tokens: torch.LongTensor  # [B, A] generated tokens (A = longest answer), pad after each row's answer
+    commit_step: torch.LongTensor  # [B, A]
+    answer_lengths: list[int]
+    forward_passes_per_row: list[int]
+    num_forward_passes: int
+    chosen_slots: list[list[list[int]]]
+
+
+class RaggedKVCache:
+    """A `DynamicCache` shared by the batch, plus which entries each row may attend to.
+
+    Rows commit different numbers of tokens per forward; a row's committed entries of a forward are gathered to
+    the front of that forward's new segment, the rest of the segment is cut, and the validity mask covers holes.
+    """
+
+    def __init__(self, config, batch_size: int, device):
+        self.cache = DynamicCache(config=config)
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T]
+
+    def attention_mask(self, visible: torch.BoolTensor, dtype) -> torch.Tensor:
+        """visible: [B, Q, Q] -> additive float mask [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
+        batch_size, q = visible.shape[:2]
+        allowed = torch.cat([self.valid[:, None, :].expand(batch_size, q, -1), visible], dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+    def keep_new_entries(self, keep: list[torch.LongTensor]) -> None:
+        """After a forward appended Q entries per row: keep row b's entries `keep[b]` (query indices), in order."""
+        old = self.valid.shape[1]
+        width = max((index.numel() for index in keep), default=0)
+        batch_size = len(keep)
+        gather = torch.zeros(batch_size, width, dtype=torch.long, device=self.valid.device)
+        new_valid = torch.zeros(batch_size, width, dtype=torch.bool, device=self.valid.device)
+        for row, index in enumerate(keep):
+            gather[row, : index.numel()] = index
+            new_valid[row, : index.numel()] = True
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)  # [B, H, T+Q, D]
+                new = tensor[:, :, old:]
+                index = gather[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3])
+                setattr(layer, name, torch.cat([tensor[:, :, :old], new.gather(2, index)], dim=2))
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+
+    def select_rows(self, rows: torch.LongTensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+
+
+def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id: int) -> torch.Tensor:
+    """ONE model forward for every row's query on top of the shared cache.
+
+    Layout per row: [context tokens, left-padded to the batch's widest context] + [scored tokens, right-padded].
+    Returns logits [B, S, V] for the scored parts (S = widest scored part).
+    """
+    device = kv.valid.device
+    batch_size = len(queries)
+    context_width = max(q.num_context for q in queries)
+    scored_width = max(q.num_scored for q in queries)
+    width = context_width + scored_width
+    input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long, device=device)
+    positions = torch.zeros(batch_size, width, dtype=torch.long, device=device)
+    visible = torch.zeros(batch_size, width, width, dtype=torch.bool, device=device)
+    for row, query in enumerate(queries):
+        start = context_width - query.num_context
+        span = slice(start, start + query.tokens.shape[0])
+        input_ids[row, span] = query.tokens
+        positions[row, span] = query.positions
+        visible[row, span, span] = query.visible
+    # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
+    visible |= torch.eye(width, dtype=torch.bool, device=device)[None] & ~visible.any(-1, keepdim=True)
+    output = model(
+        input_ids=input_ids,
+        position_ids=positions,
+        attention_mask=kv.attention_mask(visible, model.dtype),
+        cache=kv.cache,
+        use_cache=True,
+        logits_to_keep=scored_width,
+    )
+    return output.logits
+
+
+def decode_batch(
+    model,
+    prompts: list[torch.LongTensor],
+    settings: DecodingSettings,
+    pad_token_id: int,
+    policy: DraftPolicy | None = None,
+    stopping: PrefixStopping | None = None,
+    on_step=None,
+    forward=forward_queries,
+) -> BatchDecodeResult:
+    """Decode every prompt (unpadded 1-D tensors) with ReFusion; one forward per step serves all rows.
+
+    `policy` turns logits into drafts (default: greedy, never drafting the mask token). `stopping` applies
+    stopping criteria to the final prefixes after every forward. `on_step(sequences)` is called after that with
+    the list of `SequenceDecoder`s (for streaming). `forward` runs one step's queries (`forward_queries`;
+    benchmarks swap in alternative strategies).
+    """
+    device = prompts[0].device
+    if policy is None:
+        policy = DraftPolicy.greedy([settings.mask_token_id], device)
+    sequences = [SequenceDecoder(prompt, settings, policy) for prompt in prompts]
+    active = list(range(len(sequences)))
+    kv = RaggedKVCache(model.config, len(sequences), device)
+    num_forward_passes = 0
+    while active:
+        queries = [sequences[row].query() for row in active]
+        logits = forward(model, kv, queries, pad_token_id)
+        num_forward_passes += 1
+        context_width = max(q.num_context for q in queries)
+        keep = []
+        for slot, (row, query) in enumerate(zip(active, queries)):
+            kept = sequences[row].advance(logits[slot, : query.num_scored])
+            # Query index -> index in this forward's new cache segment (contexts are left-padded).
+            keep.append(kept + (context_width - query.num_context))
+        kv.keep_new_entries(keep)
+        if stopping is not None:
+            stopping.update(sequences)
+        if on_step is not None:
+            on_step(sequences)
+        still = [i for i, row in enumerate(active) if sequences[row].stage is not Stage.DONE]
+        if len(still) < len(active):
+            kv.select_rows(torch.tensor(still, dtype=torch.long, device=device))
+            active = [active[i] for i in still]
+
+    if stopping is not None:
+        stopping.update(sequences)  # a cut in the last update may have left later positions of ended rows unchecked
+    length = max(sequence.answer_length for sequence in sequences)
+    tokens = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=device)
+    commit_step = torch.full((len(sequences), length), -1, dtype=torch.long, device=device)
+    answer_lengths = []
+    for row, sequence in enumerate(sequences):
+        n = sequence.answer_length
+        assert bool(sequence.committed[:n].all()), "ReFusion decoding left a hole before the end of the answer"
+        tokens[row, :n] = sequence.canvas[:n]
+        commit_step[row, :n] = sequence.commit_step[:n]
+        answer_lengths.append(n)
+    return BatchDecodeResult(
+        tokens=tokens,
+        commit_step=commit_step,
+        answer_lengths=answer_lengths,
+        forward_passes_per_row=[s.forward_passes for s in sequences],
+        num_forward_passes=num_forward_passes,
+        chosen_slots=[s.trace_chosen for s in sequences],
+    )

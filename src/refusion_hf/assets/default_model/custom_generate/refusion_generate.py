@@ -1,0 +1,451 @@
+"""`refusion_generate(model, ...)`: `generate()` with ReFusion decoding, for any Qwen3-shaped causal LM.
+
+It is `RefusionForCausalLM.generate` and, exported as `custom_generate/generate.py`, what a stock
+`Qwen3ForCausalLM` runs with `generate(..., custom_generate=DIR_OR_REPO, trust_remote_code=True)`. The call
+contract is stock `GenerationMixin.generate`'s, and transformers does the stock parts:
+
+* the generation config is merged exactly as stock `generate` merges it (the passed config, then the model's
+  for every field left unset, then the defaults, then keyword overrides), and lengths, special tokens, logits
+  processors and stopping criteria are prepared by `GenerationMixin`'s own `_prepare_generated_length`,
+  `_validate_generated_length`, `_prepare_special_tokens`, `_get_logits_processor` and `_get_stopping_criteria`;
+* `decoding="autoregressive"` (or `custom_generate=`) hands the whole call to stock `GenerationMixin.generate`.
+
+Every stock argument is honoured by ReFusion decoding or refused with a `ValueError` that names it
+(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field). The algorithm is in `refusion_decoder.py`, the
+drafting under logits processors in `draft_policy.py`.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from .draft_policy import DraftPolicy
+from .refusion_decoder import DecodingSettings, PrefixStopping, SequenceDecoder, decode_batch
+from .refusion_generation_config import (
+    DEFAULT_BLOCK_SIZE,
+    REFUSION_FIELDS,
+    RefusionGenerationConfig,
+    RefusionGenerationOutput,
+)
+
+HONOURED = "honoured"
+INERT = "inert"  # only read by decoding modes ReFusion refuses anyway (beam search, assisted decoding, ...)
+
+# How ReFusion decoding treats every stock `GenerationConfig` field: HONOURED, INERT, or the reason it is refused
+# when set to anything but its neutral value (None or the stock default).
+ARGUMENT_SUPPORT: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "max_length", "max_new_tokens", "min_length", "min_new_tokens", "max_time", "stop_strings",
+            "do_sample", "temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff",
+            "eta_cutoff", "bad_words_ids", "sequence_bias", "suppress_tokens", "begin_suppress_tokens",
+            "renormalize_logits", "remove_invalid_values", "num_return_sequences", "return_dict_in_generate",
+            "pad_token_id", "bos_token_id", "eos_token_id", "use_cache", "output_attentions", "output_hidden_states",
+        ),
+        HONOURED,
+    ),
+    **dict.fromkeys(
+        (
+            "early_stopping", "length_penalty", "num_assistant_tokens", "num_assistant_tokens_schedule",
+            "assistant_confidence_threshold", "max_matching_ngram_size", "assistant_lookbehind", "target_lookbehind",
+            "assistant_ensemble_weight", "is_assistant", "speculation_type", "decoder_start_token_id",
+            "compile_config", "disable_compile", "max_cache_len", "cache_config", "continuous_batching_config",
+            "low_memory", "_from_model_config", "transformers_version",
+        ),
+        INERT,
+    ),
+    "num_beams": "beam search",
+    "num_beam_groups": "group beam search",
+    "diversity_penalty": "group beam search",
+    "constraints": "constrained beam search",
+    "force_words_ids": "constrained beam search",
+    "penalty_alpha": "contrastive search",
+    "dola_layers": "DoLa decoding",
+    "use_mtp": "multi-token-prediction assisted decoding",
+    "prompt_lookup_num_tokens": "prompt-lookup assisted decoding",
+    "assistant_early_exit": "self-speculative assisted decoding",
+    "cache_implementation": "ReFusion keeps its own ragged dynamic cache",
+    "prefill_chunk_size": "ReFusion prefills each prompt in its first forward",
+    "repetition_penalty": "it depends on the tokens before each position, which out-of-order drafts do not have",
+    "encoder_repetition_penalty": "encoder-decoder models only",
+    "no_repeat_ngram_size": "it depends on the tokens before each position, which out-of-order drafts do not have",
+    "encoder_no_repeat_ngram_size": "encoder-decoder models only",
+    "forced_bos_token_id": "it forces a token at a given sequence length, which out-of-order drafts do not have",
+    "forced_eos_token_id": "it forces a token at a given sequence length, which out-of-order drafts do not have",
+    "exponential_decay_length_penalty": "it depends on the current sequence length",
+    "token_healing": "it rewrites the prompt's last token, which ReFusion's cache has already committed",
+    "guidance_scale": "classifier-free guidance needs a second, unconditional decode",
+    "watermarking_config": "watermarks are seeded by the previous token",
+    "output_scores": "ReFusion scores several positions per step, not one per token",
+    "output_logits": "ReFusion scores several positions per step, not one per token",
+}  # fmt: skip
+
+# Neutral values of refused fields besides None: what stock `generate` does when the field is unset.
+_NEUTRAL = {
+    **GenerationConfig._get_default_generation_params(),
+    "guidance_scale": 1.0,
+    "use_cache": True,
+    "cache_implementation": "dynamic",
+    "output_attentions": False,
+    "output_hidden_states": False,
+}
+_REFUSE_SUFFIX = "pass `decoding='autoregressive'` to use it with ordinary left-to-right decoding of the same weights."
+
+
+def refusion_generate(
+    model,
+    inputs: torch.LongTensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    prefix_allowed_tokens_fn=None,
+    synced_gpus: bool | None = None,
+    assistant_model=None,
+    streamer=None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
+    custom_generate=None,
+    **kwargs,
+):
+    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments."""
+    stock_arguments = dict(
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        synced_gpus=synced_gpus,
+        assistant_model=assistant_model,
+        streamer=streamer,
+        negative_prompt_ids=negative_prompt_ids,
+        negative_prompt_attention_mask=negative_prompt_attention_mask,
+    )
+    if custom_generate is not None:  # another decoding method, loaded by transformers
+        return GenerationMixin.generate(model, inputs, custom_generate=custom_generate, **stock_arguments, **kwargs)
+    kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
+    has_default_max_length, has_default_min_length = (
+        kwargs.get(name) is None
+        and (generation_config is None or getattr(generation_config, name) is None)
+        and getattr(model.generation_config, name, None) is None
+        for name in ("max_length", "min_length")
+    )
+    config, model_kwargs = merge_generation_config(model, generation_config, kwargs)
+    input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    vocab_size = model.get_input_embeddings().num_embeddings
+    check_token_ids(input_ids, attention_mask, config, vocab_size)
+
+    if config.decoding == "autoregressive":
+        # ReFusion knobs mean nothing to left-to-right decoding; the prompt goes in positionally.
+        stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "input_ids", "attention_mask")}
+        if attention_mask is not None:
+            stock_kwargs["attention_mask"] = attention_mask
+        return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
+
+    tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
+    refuse_unsupported(config, model_kwargs, stock_arguments)
+    if isinstance(stopping_criteria, StoppingCriteria):
+        stopping_criteria = StoppingCriteriaList([stopping_criteria])
+    device = model.device
+    input_ids = input_ids.to(device)
+    attention_mask = check_left_padding(input_ids, attention_mask, config).to(device)
+    width = input_ids.shape[1]
+
+    # Lengths, special tokens, processors and criteria: stock preparation.
+    model._prepare_special_tokens(config, True, device=device, batch_size=input_ids.shape[0])
+    config = model._prepare_generated_length(
+        config, has_default_max_length, has_default_min_length, "input_ids", width, input_ids
+    )
+    model._validate_generated_length(config, width, has_default_max_length)
+    settings = decoding_settings(model, config, width, int(attention_mask.sum(1).max()))
+    pad_token_id = int(config._pad_token_tensor)
+    repeats = config.num_return_sequences or 1
+    input_ids = input_ids.repeat_interleave(repeats, dim=0)
+    attention_mask = attention_mask.repeat_interleave(repeats, dim=0)
+    policy = draft_policy(model, config, settings, input_ids, attention_mask)
+    criteria_config = copy.copy(config)
+    criteria_config.max_length, criteria_config._eos_token_tensor = None, None  # the decoder ends rows itself
+    criteria = model._get_stopping_criteria(criteria_config, stopping_criteria or StoppingCriteriaList(), tokenizer)
+    stopping = PrefixStopping(criteria, input_ids, pad_token_id) if len(criteria) else None
+
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError(
+            f"`streamer` follows one sequence, but there are {input_ids.shape[0]} rows (`input_ids` rows times "
+            "`num_return_sequences`): stream batch-1 calls."
+        )
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    stream = _StreamForwarder(streamer) if streamer is not None else None
+    prompts = [row[mask] for row, mask in zip(input_ids, attention_mask.bool())]
+    result = decode_batch(
+        model,
+        prompts,
+        settings,
+        pad_token_id,
+        policy=policy,
+        stopping=stopping,
+        on_step=stream.on_step if stream is not None else None,
+    )
+    if stream is not None:
+        stream.finish()
+    sequences = torch.cat([input_ids, result.tokens], dim=1)
+    if not config.return_dict_in_generate:
+        return sequences
+    lengths = torch.tensor(result.answer_lengths, dtype=torch.float32)
+    passes = torch.tensor(result.forward_passes_per_row, dtype=torch.float32)
+    return RefusionGenerationOutput(
+        sequences=sequences,
+        num_forward_passes=result.num_forward_passes,
+        tokens_per_forward=lengths / passes,
+        commit_step=result.commit_step,
+        chosen_slots=result.chosen_slots,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- preparation
+def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[RefusionGenerationConfig, dict]:
+    """Stock `GenerationMixin._prepare_generation_config`'s merge, into a `RefusionGenerationConfig`: the passed
+    config (copied), then the model's generation config for every field still unset, then the defaults, then the
+    keyword overrides. Returns the config and the keyword arguments that are not config fields."""
+    base = RefusionGenerationConfig() if generation_config is None else generation_config
+    config = copy.deepcopy(RefusionGenerationConfig.from_generation_config(base))
+    if model.generation_config is not None:
+        config.update(**model.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+    config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)
+    model_kwargs = config.update(**kwargs)
+    if config.mask_token_id is None:
+        config.mask_token_id = getattr(model.config, "mask_token_id", None)
+    if config.eos_token_id is None:
+        config.eos_token_id = model.config.eos_token_id
+    if config.pad_token_id is None:
+        config.pad_token_id = getattr(model.config, "pad_token_id", None)
+    return config, model_kwargs
+
+
+def _is_neutral(name: str, value) -> bool:
+    return value is None or (name in _NEUTRAL and value == _NEUTRAL[name])
+
+
+def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, stock_arguments: dict) -> None:
+    """`ValueError` for the first argument ReFusion decoding cannot honour."""
+    for name, support in ARGUMENT_SUPPORT.items():
+        value = getattr(config, name, None)
+        if support not in (HONOURED, INERT) and not _is_neutral(name, value):
+            raise ValueError(f"`{name}={value!r}` is not supported by ReFusion decoding ({support}); {_REFUSE_SUFFIX}")
+    if config.use_cache is False:
+        raise ValueError(
+            f"`use_cache=False` is not supported by ReFusion decoding (it reuses the KV cache of every "
+            f"committed token by design); {_REFUSE_SUFFIX}"
+        )
+    for name in ("output_attentions", "output_hidden_states"):
+        if getattr(config, name):
+            raise ValueError(
+                f"`{name}=True` is not supported by ReFusion decoding (its forwards score drafts, "
+                f"not the answer); {_REFUSE_SUFFIX}"
+            )
+    for name, lengths in (("bad_words_ids", config.bad_words_ids), ("sequence_bias", config.sequence_bias)):
+        if lengths is not None:
+            words = lengths if name == "bad_words_ids" else _sequence_bias_keys(lengths)
+            if any(len(word) != 1 for word in words):
+                raise ValueError(
+                    f"`{name}` with sequences of more than one token is not supported by ReFusion decoding (whether a "
+                    f"sequence is completed depends on the tokens before each position); single tokens are. "
+                    f"{_REFUSE_SUFFIX[0].upper()}{_REFUSE_SUFFIX[1:]}"
+                )
+    reasons = {
+        "logits_processor": "custom processors may read the tokens before each position, which out-of-order drafts "
+        "do not have",
+        "prefix_allowed_tokens_fn": "it reads the tokens before each position",
+        "assistant_model": "assisted decoding",
+        "negative_prompt_ids": "classifier-free guidance",
+        "negative_prompt_attention_mask": "classifier-free guidance",
+        "synced_gpus": "ranks decode in lock step only in stock decoding; ReFusion ranks finish independently",
+    }
+    for name, reason in reasons.items():
+        value = stock_arguments[name]
+        if value is not None and not (name == "logits_processor" and len(value) == 0) and value is not False:
+            raise ValueError(f"`{name}` is not supported by ReFusion decoding ({reason}); {_REFUSE_SUFFIX}")
+    if model_kwargs:
+        raise ValueError(
+            f"generate() got arguments that ReFusion decoding does not use: {sorted(model_kwargs)}. Its knobs are "
+            f"{sorted(REFUSION_FIELDS)} plus the stock generation-config fields (see the README's argument table)."
+        )
+
+
+def _sequence_bias_keys(sequence_bias) -> list:
+    if isinstance(sequence_bias, dict):
+        return list(sequence_bias)
+    return [entry[0] for entry in sequence_bias]
+
+
+def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig, vocab_size: int) -> None:
+    """`ValueError` for prompts and token ids that are not ids of this model (both decoding paths)."""
+    if input_ids is None:
+        raise ValueError("generate() needs `input_ids` (the prompts as token ids); `inputs_embeds` is not supported.")
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+        raise ValueError("`input_ids` must be a 2-D tensor of token ids, shape (batch_size, prompt_length).")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+    if input_ids.shape[0] == 0:
+        raise ValueError("`input_ids` is an empty batch: pass at least one prompt.")
+    if input_ids.shape[1] == 0:
+        raise ValueError("`input_ids` has no tokens: pass a prompt of at least one token.")
+    if attention_mask is not None:
+        if not torch.is_tensor(attention_mask) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if torch.is_tensor(attention_mask) else type(attention_mask).__name__
+            raise ValueError(
+                f"`attention_mask` has shape {shape} but `input_ids` has {tuple(input_ids.shape)}; they must match."
+            )
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (prompt token).")
+    real = input_ids if attention_mask is None else input_ids[attention_mask.bool()]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+        raise ValueError(
+            f"`input_ids` holds ids outside the vocabulary (0 .. {vocab_size - 1}): min {int(real.min())}, "
+            f"max {int(real.max())}."
+        )
+    eos = config.eos_token_id
+    named = {
+        "pad_token_id": [config.pad_token_id],
+        "bos_token_id": [config.bos_token_id],
+        "mask_token_id": [config.mask_token_id],
+        "eos_token_id": eos if isinstance(eos, (list, tuple)) else [eos],
+        "suppress_tokens": config.suppress_tokens or [],
+        "begin_suppress_tokens": config.begin_suppress_tokens or [],
+    }
+    for name, ids in named.items():
+        outside = [i for i in ids if i is not None and not 0 <= i < vocab_size]
+        if outside:
+            raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
+
+
+def check_left_padding(input_ids, attention_mask, config: RefusionGenerationConfig) -> torch.LongTensor:
+    """The attention mask (all ones when none is given), after ReFusion's own input checks."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    mask = attention_mask.bool()
+    if (mask[:, 1:] < mask[:, :-1]).any():
+        raise ValueError(
+            "`attention_mask` shows right padding (a 0 after a 1); ReFusion generation needs left padding: "
+            "set `tokenizer.padding_side = 'left'`."
+        )
+    if not mask.any(1).all():
+        raise ValueError("A row of `attention_mask` is all zeros: every prompt needs at least one token.")
+    if config.mask_token_id is None:
+        raise ValueError(
+            "ReFusion decoding needs a mask token, but `config.mask_token_id` is not set. Set it to the id of "
+            "`<|mask|>` (e.g. `model.config.mask_token_id = tokenizer.mask_token_id`), or pass `mask_token_id=`; "
+            "`refusion convert` adds the token to an autoregressive checkpoint."
+        )
+    if config.eos_token_id is None or config.eos_token_id == []:
+        raise ValueError(
+            "ReFusion decoding needs an EOS token: pass `eos_token_id=` or set `generation_config.eos_token_id`."
+        )
+    if (input_ids[mask] == config.mask_token_id).any():
+        raise ValueError(
+            f"`input_ids` contains the mask token (id {config.mask_token_id}); prompts must not contain `<|mask|>`."
+        )
+    return attention_mask.long()
+
+
+def eos_token_ids(config: GenerationConfig) -> tuple[int, ...]:
+    eos = config.eos_token_id
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def decoding_settings(model, config: RefusionGenerationConfig, width: int, longest_prompt: int) -> DecodingSettings:
+    """The decoder's settings from a merged, length-prepared config (`config.max_length` counts the padded
+    prompt, as in stock generate)."""
+    max_new_tokens = config.max_length - width
+    slot_size = config.slot_size
+    canvas_length = -(-max_new_tokens // slot_size) * slot_size
+    block_size = config.block_size if config.block_size is not None else -(-DEFAULT_BLOCK_SIZE // slot_size) * slot_size
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and longest_prompt + max_new_tokens > limit:
+        warnings.warn(
+            f"The longest prompt ({longest_prompt} tokens) plus `max_new_tokens` ({max_new_tokens}) exceeds the "
+            f"model's predefined maximum length ({limit} positions). Depending on the model, you may observe "
+            "exceptions, performance degradation, or nothing at all (answers that end early never reach it).",
+            UserWarning,
+            stacklevel=3,
+        )
+    return DecodingSettings(
+        max_new_tokens=max_new_tokens,
+        slot_size=slot_size,
+        block_size=min(block_size, canvas_length),  # a block larger than the canvas means one block
+        slot_threshold=float(config.slot_threshold),
+        token_threshold=float(config.token_threshold),
+        mask_token_id=int(config.mask_token_id),
+        eos_token_ids=eos_token_ids(config),
+        plan_ahead=config.plan_ahead,
+    )
+
+
+def draft_policy(model, config, settings: DecodingSettings, input_ids, attention_mask) -> DraftPolicy:
+    """Drafting under the config's logits processors, built by stock `_get_logits_processor`."""
+    device, width = input_ids.device, input_ids.shape[1]
+    eos = set(settings.eos_token_ids)
+    never = {settings.mask_token_id} | {t for t in (config.pad_token_id, config.bos_token_id) if t is not None} - eos
+    constraint_config = copy.copy(config)
+    # Positional constraints are applied by answer offset in `DraftPolicy`; the rest are context-free.
+    constraint_config.do_sample = False
+    constraint_config.min_length, constraint_config.min_new_tokens, constraint_config.begin_suppress_tokens = (
+        0,
+        None,
+        None,
+    )
+    build = dict(input_ids_seq_length=width, encoder_input_ids=input_ids, device=device)
+    constraints = model._get_logits_processor(
+        generation_config=constraint_config,
+        logits_processor=LogitsProcessorList(),
+        model_kwargs={"attention_mask": attention_mask},
+        **build,
+    )
+    warpers = None
+    if config.do_sample:
+        names = ("temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
+        warper_config = GenerationConfig(do_sample=True, num_beams=1, **{name: getattr(config, name) for name in names})
+        warper_config._eos_token_tensor = None
+        warpers = model._get_logits_processor(
+            generation_config=warper_config, logits_processor=LogitsProcessorList(), **build
+        )
+    min_new_tokens = max(0, (config.min_length or 0) - width)
+    return DraftPolicy(
+        never_drafted=torch.tensor(sorted(never), dtype=torch.long, device=device),
+        constraints=constraints or None,
+        warpers=warpers,
+        eos_ids=torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device),
+        min_new_tokens=min_new_tokens,
+        begin_suppress=(
+            torch.tensor(config.begin_suppress_tokens, dtype=torch.long, device=device)
+            if config.begin_suppress_tokens
+            else None
+        ),
+    )
+
+
+class _StreamForwarder:
+    """Feeds a (batch-1) streamer: final tokens via `put` as the left-to-right prefix grows; drafts via
+    `put_draft` when the streamer has it."""
+
+    def __init__(self, streamer):
+        self.streamer = streamer
+        self.sent = 0
+        self.takes_drafts = callable(getattr(streamer, "put_draft", None))
+
+    def on_step(self, sequences: list[SequenceDecoder]) -> None:
+        sequence = sequences[0]
+        ready = sequence.finished_prefix
+        if ready > self.sent:
+            self.streamer.put(sequence.canvas[self.sent : ready].cpu())
+            self.sent = ready
+        if self.takes_drafts and sequence.chosen is not None:
+            self.streamer.put_draft(sequence.draft_view()[self.sent :].cpu())
+
+    def finish(self) -> None:
+        self.streamer.end()

@@ -1,0 +1,136 @@
+"""`RefusionForCausalLM`: the stock Qwen3 causal LM, with ReFusion decoding in `generate()`.
+
+The network is exactly transformers' Qwen3 (subclassed, not copied). Three things differ:
+
+* `generate()` comes from `RefusionGenerationMixin` (placed first in the MRO, so it wins over
+  `GenerationMixin.generate` while `prepare_inputs_for_generation` & co. stay the stock ones that PEFT uses);
+* `forward()` always passes an explicit attention mask. Without one, transformers >= 5 treats non-monotonic
+  `position_ids` (ReFusion's permuted slots) as packed sequences and silently cuts attention at every position
+  jump. Building an all-ones mask when none is given makes that impossible.
+* `forward(..., labels, mdm_weights)` computes the ReFusion training loss (`refusion_loss.py`, DESIGN §2) when
+  `mdm_weights` (built by `RefusionDataCollator`) is given: `labels` are then the collator's unshifted targets and
+  the output carries `loss = ar_loss + mdm_loss` and both parts. Without `mdm_weights`, `labels` keep their stock
+  meaning (shifted causal-LM loss), so the model also trains as a plain autoregressive LM.
+
+`save_pretrained` (and so `push_to_hub`) also writes the flat remote-code bundle and `auto_map`, so the saved
+folder loads with `trust_remote_code=True` where this package is not installed, and `custom_generate/`, so a stock
+Qwen3 model decodes with ReFusion through `generate(custom_generate=folder, trust_remote_code=True)`.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3ForCausalLM
+
+from .refusion_generation_config import RefusionGenerationConfig
+from .refusion_generation_mixin import RefusionGenerationMixin
+from .configuration_refusion import RefusionConfig
+from .refusion_loss import RefusionCausalLMOutputWithPast, refusion_loss
+from .remote_code import auto_map_for, write_model_bundle
+
+
+class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
+    config_class = RefusionConfig
+    generation_config_class = RefusionGenerationConfig
+
+    # transformers reloads generation_config.json as a plain `GenerationConfig` and callers may assign one:
+    # every assignment is upcast so the ReFusion fields are always there (values are kept, nothing is lost).
+    @property
+    def generation_config(self) -> RefusionGenerationConfig | None:
+        return self.__dict__.get("_generation_config")
+
+    @generation_config.setter
+    def generation_config(self, value) -> None:
+        if value is not None:
+            value = RefusionGenerationConfig.from_generation_config(value)
+        self.__dict__["_generation_config"] = value
+
+    # The ReFusion loss is a mean over one micro-batch (the authors' normalisation), not a sum to be divided by a
+    # token count across gradient-accumulation steps: this tells `Trainer` not to pass `num_items_in_batch` and to
+    # divide by the accumulation steps itself (it would otherwise also count masked positions as AR tokens). Plain
+    # causal-LM training (`labels` only) is then normalised per micro-batch too, like transformers < 4.46.
+    accepts_loss_kwargs = False
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        inputs_embeds=None,
+        labels=None,
+        mdm_weights=None,
+        **kwargs,
+    ):
+        r"""
+        The stock Qwen3 causal-LM forward, plus:
+
+        mdm_weights (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*):
+            Built by `RefusionDataCollator`: `1 / (p_mask * answer_length * num_examples)` at masked positions, 0
+            elsewhere. When given, `labels` are the collator's unshifted targets and the loss is ReFusion's
+            `ar_loss + mdm_loss` (float32), both parts also returned. When absent, `labels` give the ordinary
+            shifted causal-LM loss.
+
+        A 4D boolean `attention_mask` (True = may attend; `RefusionDataCollator(packing_length=...)` builds one) is
+        turned into the additive float mask of the model's dtype when the attention implementation is eager,
+        which would otherwise add the booleans to the scores.
+        """
+        if attention_mask is None and position_ids is not None:
+            attention_mask = self._all_ones_attention_mask(input_ids, inputs_embeds, cache, kwargs)
+        elif (
+            torch.is_tensor(attention_mask)  # stock generation with a static cache passes a dict of masks
+            and attention_mask.ndim == 4
+            and attention_mask.dtype == torch.bool
+            and self.config._attn_implementation == "eager"
+        ):
+            additive = torch.zeros(attention_mask.shape, dtype=self.dtype, device=attention_mask.device)
+            attention_mask = additive.masked_fill_(~attention_mask, torch.finfo(self.dtype).min)
+        if cache is not None:
+            kwargs["cache"] = cache
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if mdm_weights is None:
+            return super().forward(**inputs, inputs_embeds=inputs_embeds, labels=labels, **kwargs)
+        if labels is None:
+            raise ValueError(
+                "`mdm_weights` was given without `labels`: the ReFusion loss needs both (`RefusionDataCollator` "
+                "builds them together)."
+            )
+        logits_to_keep = kwargs.get("logits_to_keep", 0)
+        if isinstance(logits_to_keep, torch.Tensor) or logits_to_keep not in (0, None):
+            raise ValueError("`logits_to_keep` must be 0 with the ReFusion loss, which needs every position's logits.")
+        kwargs.pop("num_items_in_batch", None)  # the ReFusion loss has its own normalisation
+        return_dict = kwargs.pop("return_dict", None)
+        kwargs.setdefault("use_cache", False)
+        outputs = super().forward(**inputs, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        ar_loss, mdm_loss = refusion_loss(outputs.logits, labels, mdm_weights)
+        result = RefusionCausalLMOutputWithPast(
+            loss=ar_loss + mdm_loss,
+            logits=outputs.logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            ar_loss=ar_loss,
+            mdm_loss=mdm_loss,
+        )
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        return result if return_dict else result.to_tuple()
+
+    @staticmethod
+    def _all_ones_attention_mask(input_ids, inputs_embeds, cache, kwargs) -> torch.Tensor:
+        reference = input_ids if input_ids is not None else inputs_embeds
+        cache = cache if cache is not None else kwargs.get("past_key_values")
+        past_length = cache.get_seq_length() if cache is not None else 0
+        batch_size, query_length = reference.shape[:2]
+        return torch.ones(batch_size, past_length + query_length, dtype=torch.long, device=reference.device)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        self.config.auto_map = auto_map_for(self.config_class, type(self))
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_model_bundle(save_directory, self.config_class, type(self))
+
+
+__all__ = ["RefusionForCausalLM"]

@@ -1,0 +1,73 @@
+"""`RefusionGenerationMixin.generate()`: ReFusion decoding behind Hugging Face's `generate()` contract.
+
+The whole call is `refusion_generate` (refusion_generate.py), shared with the `custom_generate/generate.py` that
+gives stock Qwen3 models the same decoding; the algorithm lives in `refusion_decoder.py`.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .refusion_generate import refusion_generate
+
+
+class RefusionGenerationMixin:
+    """Adds ReFusion's plan-and-infill decoding as `generate()`; place it before the transformers base class."""
+
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.LongTensor | None = None,
+        generation_config=None,
+        logits_processor=None,
+        stopping_criteria=None,
+        prefix_allowed_tokens_fn=None,
+        synced_gpus=None,
+        assistant_model=None,
+        streamer=None,
+        negative_prompt_ids=None,
+        negative_prompt_attention_mask=None,
+        custom_generate=None,
+        **kwargs,
+    ):
+        r"""
+        Generate with ReFusion's slot-level plan-and-infill decoding (or, with `decoding="autoregressive"`,
+        transformers' own decoding with the same weights). The signature and the meaning of every argument are
+        stock `GenerationMixin.generate`'s; an argument ReFusion decoding cannot honour raises a `ValueError`
+        that names it (the README has the table).
+
+        Args:
+            inputs / input_ids (`torch.LongTensor` of shape `(batch_size, prompt_length)`): prompts, left-padded.
+            attention_mask (`torch.LongTensor` of the same shape, *optional*): 1 for prompt tokens, 0 for left
+                padding. Right padding is rejected.
+            generation_config (`GenerationConfig`, *optional*): merged with the model's generation config as stock
+                `generate` merges it (fields left unset keep the model's values); keyword arguments win over both.
+            stopping_criteria (`StoppingCriteria` or `StoppingCriteriaList`, *optional*), `stop_strings` (with
+                `tokenizer=`), `max_time`: applied to the final left-to-right answer as it grows, token by token.
+            streamer (`BaseStreamer`, *optional*): receives the prompt, then each piece of the answer as soon as
+                every position before it is final (`put`); if it has `put_draft`, also the current drafts.
+            kwargs: generation-config fields (stock ones and `slot_size`, `block_size`, `slot_threshold`,
+                `token_threshold`, `plan_ahead`, `mask_token_id`, `decoding`), `tokenizer`, `attention_mask`.
+
+        Returns:
+            `torch.LongTensor` of shape `(batch_size * num_return_sequences, prompt_length + longest answer)`,
+            `pad_token_id` after each row's end; or a [`RefusionGenerationOutput`] when
+            `return_dict_in_generate=True`.
+        """
+        return refusion_generate(
+            self,
+            inputs,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+            synced_gpus=synced_gpus,
+            assistant_model=assistant_model,
+            streamer=streamer,
+            negative_prompt_ids=negative_prompt_ids,
+            negative_prompt_attention_mask=negative_prompt_attention_mask,
+            custom_generate=custom_generate,
+            **kwargs,
+        )
