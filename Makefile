@@ -9,6 +9,10 @@ PROMPT ?= Ann has 12 apples. She buys 5 more. Then she gives away 3. How many ap
 .PHONY: install test lint demo embedded-bundle
 
 $(STAMP): setup.cfg pyproject.toml
+	@# bubblewrap: the OS sandbox for generated code (refusion eval --allow-code-execution and its tests)
+	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+		{ echo "install bubblewrap (sudo apt-get install bubblewrap): the code-execution sandbox needs it" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev]"

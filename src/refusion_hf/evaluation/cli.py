@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..generation.cli import add_dtype_argument
-from .sandbox import ALLOW_ENV_VAR, code_execution_allowed
+from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .suites import CODE_SUITES, SUITES, load_problems
 from .synthetic_tasks import FAMILIES
 
@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
     if args.suite in CODE_SUITES and not allowed:
         raise SystemExit(
             f"refusion eval: error: --suite {args.suite} is scored by executing the generated code: pass "
-            f"--allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs in a sandboxed subprocess with a "
-            "timeout, a memory limit, no network and a temporary directory)."
+            f"--allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs in a bubblewrap sandbox: no host "
+            "files, no network, its own PID namespace, resource limits)."
         )
     if args.data_file is not None and args.suite not in ("gsm8k", "mbpp"):
         raise SystemExit(f"refusion eval: error: --data-file is for --suite gsm8k or mbpp, not {args.suite}.")
@@ -194,6 +194,15 @@ def run(args: argparse.Namespace) -> int:
             "them or add refusion to --decodings."
         )
     families = _resolve_families(args, allowed)
+    executes_code = args.suite in CODE_SUITES or (args.suite == "synthetic" and "code" in (families or ["code"]))
+    code_sandbox = None
+    if allowed and executes_code:
+        try:
+            code_sandbox = isolation_report()  # refuses here, before any model work, when it cannot be set up
+        except SandboxUnavailable as error:
+            raise SystemExit(f"refusion eval: error: {error}") from None
+        print(f"generated code runs in: {code_sandbox['tool']} ({', '.join(code_sandbox['namespaces'])} namespaces, "
+              f"uid {code_sandbox['uid_inside']}, {code_sandbox['filesystem']})", file=sys.stderr)  # fmt: skip
     try:
         problems = load_problems(args.suite, args.limit, args.seed, args.data_file, families, args.split)
     except (OSError, ValueError, RuntimeError) as error:
@@ -251,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
             "dtype": str(model.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
             "refusion_decoding": resolved if "refusion" in args.decodings else None,
+            "code_sandbox": code_sandbox,
         }
     )
     print(markdown_table(results))

@@ -1,4 +1,4 @@
-"""pass@1 of generated Python code, executed with its tests in a sandboxed subprocess, as a local `evaluate`
+"""pass@1 of generated Python code, executed with its tests in the OS sandbox, as a local `evaluate`
 metric. Requires an explicit opt-in, like Hugging Face's `code_eval`."""
 
 import datasets
@@ -8,10 +8,10 @@ from refusion_hf.evaluation import extraction
 from refusion_hf.evaluation.sandbox import DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT, require_opt_in, run_programs
 
 _DESCRIPTION = """
-pass@1 with one candidate per problem: the fraction of candidates that run their tests to the end without raising.
-Each candidate (the first fenced code block of the prediction, or the whole prediction) is concatenated with its
-test program and executed in a sandboxed subprocess (see `refusion_hf.evaluation.sandbox`): wall-clock timeout,
-address-space limit, no network, a temporary working directory, and no writes outside it.
+pass@1 with one candidate per problem: the fraction of candidates whose program (candidate + tests) exits with
+status 0. Each candidate (the first fenced code block of the prediction, or the whole prediction) is concatenated
+with its test program and executed in the bubblewrap sandbox of `refusion_hf.evaluation.sandbox` (no host files,
+no network, own PID namespace, unprivileged, time / memory / process / output limits).
 
 Executing model-generated code is refused unless `allow_code_execution=True` is passed or the environment has
 HF_ALLOW_CODE_EVAL=1.
