@@ -1,11 +1,16 @@
 """`refusion` command line: a thin dispatcher. Each command lives with the subpackage that does the work and
-exposes `register(subparsers)`, which adds its parser and sets `func` (called with the parsed arguments)."""
+exposes `register(subparsers)`, which adds its parser and sets `func` (called with the parsed arguments).
+
+User errors (`CommandError`, and argparse's own) print one line `refusion <command>: error: ...` and exit with
+status 2; see `command_inputs.py`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+
+from .command_inputs import CommandError
 
 # command name -> module that registers it
 COMMANDS = {
@@ -17,11 +22,20 @@ COMMANDS = {
 }
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's errors as one line (`refusion <command>: error: ...`, status 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="refusion", description="ReFusion masked-diffusion LLMs on Hugging Face Transformers."
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=OneLineErrorParser
+    )
     for module in COMMANDS.values():
         importlib.import_module(module).register(subparsers)
     return parser
@@ -31,10 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_extra_args", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        print(f"refusion {args.command}: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
     if extra:
         args.extra_args = extra
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except CommandError as error:
+        print(f"refusion {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """`refusion eval` end to end on the tiny fixture checkpoint (random weights: accuracy is ~0, so the checks are on
 structure and on numbers that must agree with each other)."""
 
-import argparse
 import json
 import os
 import subprocess
@@ -11,19 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from refusion_hf.evaluation.cli import register
+from refusion_hf.cli import main
+from tests.cli_errors import user_error
 
 TINY = str(Path(__file__).resolve().parents[1] / "data" / "tiny-qwen3-refusion")
 FAST = ["--model", TINY, "--max-new-tokens", "8", "--slot-size", "4", "--timing-repeats", "1"]
-
-
-def main(argv):
-    """`refusion_hf.cli.main` restricted to the eval command (the real dispatcher also imports every other command;
-    `test_the_console_command_...` goes through it)."""
-    parser = argparse.ArgumentParser(prog="refusion")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
 
 
 @pytest.fixture(autouse=True)
@@ -105,12 +96,10 @@ def test_an_autoregressive_baseline_is_evaluated_with_its_decoding_alone(tmp_pat
     assert results["settings"]["decodings"] == ["autoregressive"]
     assert results["settings"]["refusion_decoding"] is None
     assert "| autoregressive |" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as raised:
-        main(args)
-    assert "has no mask token" in str(raised.value.code) and "--decodings autoregressive" in str(raised.value.code)
-    with pytest.raises(SystemExit) as raised:
-        main([*args, "--decodings", "autoregressive", "--slot-size", "4"])
-    assert "--slot-size set ReFusion decoding, which --decodings leaves out" in str(raised.value.code)
+    message = user_error(capsys, args)
+    assert "has no mask token" in message and "--decodings autoregressive" in message
+    message = user_error(capsys, [*args, "--decodings", "autoregressive", "--slot-size", "4"])
+    assert "--slot-size set ReFusion decoding, which --decodings leaves out" in message
 
 
 def test_planning_ahead_can_be_switched_off(tmp_path):
@@ -143,22 +132,19 @@ def test_without_opt_in_the_code_family_is_left_out(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("suite", ["humaneval", "mbpp"])
-def test_code_suites_refuse_without_opt_in(suite):
-    with pytest.raises(SystemExit) as raised:
-        main(["eval", "--suite", suite, "--model", TINY])
-    assert "--allow-code-execution" in str(raised.value.code) and "HF_ALLOW_CODE_EVAL=1" in str(raised.value.code)
+def test_code_suites_refuse_without_opt_in(suite, capsys):
+    message = user_error(capsys, ["eval", "--suite", suite, "--model", TINY])
+    assert "--allow-code-execution" in message and "HF_ALLOW_CODE_EVAL=1" in message
 
 
-def test_explicit_code_family_without_opt_in_is_an_error():
-    with pytest.raises(SystemExit) as raised:
-        main(["eval", "--families", "code,listing", "--model", TINY])
-    assert "--allow-code-execution" in str(raised.value.code)
+def test_explicit_code_family_without_opt_in_is_an_error(capsys):
+    message = user_error(capsys, ["eval", "--families", "code,listing", "--model", TINY])
+    assert "--allow-code-execution" in message
 
 
-def test_gsm8k_offline_without_data_file_says_what_to_pass():
-    with pytest.raises(SystemExit) as raised:
-        main(["eval", "--suite", "gsm8k", "--model", TINY])
-    assert "--data-file" in str(raised.value.code) and "offline" in str(raised.value.code)
+def test_gsm8k_offline_without_data_file_says_what_to_pass(capsys):
+    message = user_error(capsys, ["eval", "--suite", "gsm8k", "--model", TINY])
+    assert "--data-file" in message and "offline" in message
 
 
 def test_gsm8k_from_a_local_file(tmp_path):
@@ -233,10 +219,9 @@ def test_bad_arguments_name_the_option(args, message, capsys):
         (["--slot-size", "4", "--block-size", "6"], "`block_size` must be a positive multiple of `slot_size`"),
     ],
 )
-def test_bad_combinations_are_explained(args, message):
-    with pytest.raises(SystemExit) as raised:
-        main(["eval", "--model", TINY, *args])
-    assert message in str(raised.value.code)
+def test_bad_combinations_are_explained(args, message, capsys):
+    got = user_error(capsys, ["eval", "--model", TINY, *args])
+    assert message in got
 
 
 def test_the_console_command_refuses_code_suites_without_opt_in():
@@ -248,5 +233,5 @@ def test_the_console_command_refuses_code_suites_without_opt_in():
         env={**env, "HF_HUB_OFFLINE": "1"},
         timeout=120,
     )
-    assert completed.returncode == 1
+    assert completed.returncode == 2
     assert "--allow-code-execution" in completed.stderr

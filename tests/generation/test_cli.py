@@ -5,6 +5,7 @@ import re
 import pytest
 
 from refusion_hf.cli import main
+from tests.cli_errors import user_error
 
 ARGS = ["--max-new-tokens", "12", "--slot-size", "4", "--slot-threshold", "0.6", "--token-threshold", "0.3"]
 
@@ -40,9 +41,11 @@ def test_show_order_and_trace_picture(fixture_path, tmp_path, capsys, suffix):
         assert data.decode().count("<tr>") == steps >= 1
 
 
-def test_trace_out_rejects_other_formats(fixture_path, tmp_path):
-    with pytest.raises(ValueError, match=r"--trace-out must end in .html or .png"):
-        main(
+def test_trace_out_rejects_other_formats(fixture_path, tmp_path, capsys):
+    assert re.search(
+        r"--trace-out must end in .html or .png",
+        user_error(
+            capsys,
             [
                 "generate",
                 "t5",
@@ -52,8 +55,9 @@ def test_trace_out_rejects_other_formats(fixture_path, tmp_path):
                 "--no-compare",
                 "--trace-out",
                 str(tmp_path / "t.svg"),
-            ]
-        )
+            ],
+        ),
+    )
 
 
 @pytest.fixture

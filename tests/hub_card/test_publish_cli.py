@@ -64,7 +64,7 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def assert_one_clear_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 1
+    assert code == 2
     lines = [line for line in err.splitlines() if line.startswith("refusion publish: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
     for fragment in fragments:

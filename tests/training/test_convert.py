@@ -1,6 +1,7 @@
 """`refusion convert` on a tiny randomly initialised stock Qwen3 with a tokenizer built here."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from transformers import (
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
 from refusion_hf.cli import main
+from tests.cli_errors import user_error
 
 WORDS = [f"w{i}" for i in range(2, 40)]
 TEXT = "w3 w7 w11 w19 w2 w38 w5"
@@ -108,11 +110,13 @@ def test_converting_twice_changes_nothing(tmp_path):
         assert torch.equal(a, b), name
 
 
-def test_other_architectures_are_refused(tmp_path):
+def test_other_architectures_are_refused(tmp_path, capsys):
     config = LlamaConfig(
         vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4
     )
     LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
     build_tokenizer().save_pretrained(tmp_path / "llama")
-    with pytest.raises(ValueError, match=r"--base: .* holds a 'llama' model; `refusion convert` turns Qwen3"):
-        main(["convert", "--base", str(tmp_path / "llama"), "--out", str(tmp_path / "out")])
+    assert re.search(
+        r"--base: .* holds a 'llama' model; `refusion convert` turns Qwen3",
+        user_error(capsys, ["convert", "--base", str(tmp_path / "llama"), "--out", str(tmp_path / "out")]),
+    )

@@ -3,16 +3,18 @@ goes down, the outputs are complete, the saved model trains through its remote c
 through PEFT."""
 
 import json
+import re
 
 import pytest
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
 from refusion_hf.cli import main
 from refusion_hf.training.train_cli import parse_training_arguments
 from tests.bare_env import run_bare
+from tests.cli_errors import user_error
 from tests.training.toy import train_args, write_toy_jsonl
 
 COMMON = ["--max-steps", "40", "--logging-steps", "10", "--per-device-train-batch-size", "8", "--seed", "0"]
@@ -146,24 +148,37 @@ def test_packed_training_logs_the_losses_of_padded_training(full_run, fixture_pa
             assert packed_entry[part] == pytest.approx(padded_entry[part], rel=1e-3), (part, padded_entry, packed_entry)
 
 
-def test_bad_arguments_raise_clear_errors(fixture_path, toy_data, tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match=r"--packing-length must be a positive number of tokens, got 0"):
-        main(train_args(fixture_path, toy_data, tmp_path, "--packing-length", "0"))
-    with pytest.raises(ValueError, match=r"--slot-sizes must be comma-separated positive integers.*'4,x'"):
-        main(train_args(fixture_path, toy_data, tmp_path, "--slot-sizes", "4,x"))
-    with pytest.raises(ValueError, match=r"--bogus-flag.*passes unknown flags to TrainingArguments"):
-        main(train_args(fixture_path, toy_data, tmp_path, "--bogus-flag", "1"))
-    with pytest.raises(ValueError, match=r"--resume-from-checkpoint last: .* holds no checkpoint-\* folder"):
-        main(train_args(fixture_path, toy_data, tmp_path, "--resume-from-checkpoint", "last"))
-    with pytest.raises(ValueError, match=r"--lora-target-modules is empty"):
-        main(train_args(fixture_path, toy_data, tmp_path, "--lora", "--lora-target-modules", ","))
+def test_bad_arguments_raise_clear_errors(fixture_path, toy_data, tmp_path, monkeypatch, capsys):
+    assert re.search(
+        r"--packing-length must be a positive number of tokens, got 0",
+        user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--packing-length", "0")),
+    )
+    assert re.search(
+        r"--slot-sizes must be comma-separated positive integers.*'4,x'",
+        user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--slot-sizes", "4,x")),
+    )
+    assert re.search(
+        r"--bogus-flag.*passes unknown flags to TrainingArguments",
+        user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--bogus-flag", "1")),
+    )
+    assert re.search(
+        r"--resume-from-checkpoint last: .* holds no complete checkpoint-\* folder",
+        user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--resume-from-checkpoint", "last")),
+    )
+    assert re.search(
+        r"--lora-target-modules is empty",
+        user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--lora", "--lora-target-modules", ",")),
+    )
     no_mask = tmp_path / "no_mask"
     RefusionForCausalLM.from_pretrained(fixture_path).save_pretrained(no_mask)
+    AutoTokenizer.from_pretrained(fixture_path).save_pretrained(no_mask)
     config = json.loads((no_mask / "config.json").read_text())
     del config["mask_token_id"]
     (no_mask / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"ReFusion training needs a mask token.*refusion convert"):
-        main(train_args(no_mask, toy_data, tmp_path / "out"))
+    assert re.search(
+        r"ReFusion training needs a mask token.*refusion convert",
+        user_error(capsys, train_args(no_mask, toy_data, tmp_path / "out")),
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"2 processes were launched .* add `--use-cpu`"):
         parse_training_arguments(str(tmp_path / "out"), [])

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..command_inputs import CommandError, check_output_file
 from ..generation.cli import add_dtype_argument
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .suites import CODE_SUITES, SUITES, load_problems
@@ -143,13 +144,13 @@ def _resolve_families(args: argparse.Namespace, allowed: bool) -> list[str] | No
     notice), unless it was asked for explicitly, which is an error."""
     if args.suite != "synthetic":
         if args.families is not None or args.split != "test":
-            raise SystemExit("refusion eval: error: --families and --split apply to --suite synthetic only.")
+            raise CommandError("--families and --split apply to --suite synthetic only.")
         return None
     families = list(args.families or FAMILIES)
     if "code" in families and not allowed:
         if args.families is not None:
-            raise SystemExit(
-                "refusion eval: error: --families includes 'code', whose answers are checked by executing them: "
+            raise CommandError(
+                "--families includes 'code', whose answers are checked by executing them: "
                 f"pass --allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs sandboxed)."
             )
         families.remove("code")
@@ -176,21 +177,23 @@ def run(args: argparse.Namespace) -> int:
     from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
     from .harness import REFUSION_KNOBS, EvalSettings, evaluate_decodings, markdown_table
 
+    if args.json_out:
+        check_output_file(args.json_out, "--json")  # before the evaluation, not after it
     allowed = code_execution_allowed(args.allow_code_execution)
     if args.suite in CODE_SUITES and not allowed:
-        raise SystemExit(
-            f"refusion eval: error: --suite {args.suite} is scored by executing the generated code: pass "
+        raise CommandError(
+            f"--suite {args.suite} is scored by executing the generated code: pass "
             f"--allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs in a bubblewrap sandbox: no host "
             "files, no network, its own PID namespace, resource limits)."
         )
     if args.data_file is not None and args.suite not in ("gsm8k", "mbpp"):
-        raise SystemExit(f"refusion eval: error: --data-file is for --suite gsm8k or mbpp, not {args.suite}.")
+        raise CommandError(f"--data-file is for --suite gsm8k or mbpp, not {args.suite}.")
     if args.code_timeout <= 0:
-        raise SystemExit("refusion eval: error: --code-timeout must be > 0 seconds.")
+        raise CommandError("--code-timeout must be > 0 seconds.")
     knobs = [f"--{name.replace('_', '-')}" for name in REFUSION_KNOBS if getattr(args, name) is not None]
     if "refusion" not in args.decodings and knobs:
-        raise SystemExit(
-            f"refusion eval: error: {', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "
+        raise CommandError(
+            f"{', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "
             "them or add refusion to --decodings."
         )
     families = _resolve_families(args, allowed)
@@ -200,13 +203,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             code_sandbox = isolation_report()  # refuses here, before any model work, when it cannot be set up
         except SandboxUnavailable as error:
-            raise SystemExit(f"refusion eval: error: {error}") from None
+            raise CommandError(f"{error}") from None
         print(f"generated code runs in: {code_sandbox['tool']} ({', '.join(code_sandbox['namespaces'])} namespaces, "
               f"uid {code_sandbox['uid_inside']}, {code_sandbox['filesystem']})", file=sys.stderr)  # fmt: skip
     try:
         problems = load_problems(args.suite, args.limit, args.seed, args.data_file, families, args.split)
     except (OSError, ValueError, RuntimeError) as error:
-        raise SystemExit(f"refusion eval: error: {error}") from error
+        raise CommandError(f"{error}") from error
 
     import torch
 
@@ -214,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.num_threads)
     model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
     if "refusion" in args.decodings and getattr(model.config, "mask_token_id", None) is None:
-        raise SystemExit(
-            "refusion eval: error: the model has no mask token (`mask_token_id` is not set in its config), so it "
+        raise CommandError(
+            "the model has no mask token (`mask_token_id` is not set in its config), so it "
             "cannot decode with ReFusion: pass --decodings autoregressive to evaluate it as an autoregressive "
             "model, or add the token with `refusion convert` (and fine-tune with `refusion train`)."
         )
@@ -238,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         effective, _ = merge_generation_config(model, None, settings.refusion_kwargs())
     except ValueError as error:
-        raise SystemExit(f"refusion eval: error: bad decoding setting: {error}") from error
+        raise CommandError(f"bad decoding setting: {error}") from error
     results = evaluate_decodings(
         model,
         tokenizer,

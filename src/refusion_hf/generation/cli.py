@@ -12,6 +12,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, TextStreamer
 
+from ..command_inputs import (
+    CommandError,
+    check_checkpoint_folder,
+    check_output_file,
+    check_tokenizer_files,
+    first_line,
+)
 from .refusion_generation_config import sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
 
@@ -52,13 +59,20 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
     """The model (eval mode) and tokenizer. `dtype="auto"` keeps the checkpoint's own dtype (the embedded model is
     stored in bfloat16), except that a bfloat16 checkpoint runs in float32 on a CPU without bfloat16 instructions,
     where bfloat16 is emulated and slow (a note says so)."""
+    from safetensors import SafetensorError
+
     from ..modeling import RefusionForCausalLM
 
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
+        raise CommandError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
     source = str(model) if model else str(default_model_path())
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    check_checkpoint_folder(source, "--model")
+    check_tokenizer_files(source, "--model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    except (OSError, ValueError, SafetensorError) as error:
+        raise CommandError(f"--model {source}: the checkpoint does not load ({first_line(error)}).") from None
     bfloat16_on_cpu = dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu"
     if bfloat16_on_cpu and not cpu_has_bfloat16_instructions():  # /proc/cpuinfo read only when it decides
         print(
@@ -108,7 +122,10 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 def _timed_generate(model, input_ids, **kwargs):
     start = time.perf_counter()
-    output = model.generate(input_ids, return_dict_in_generate=True, **kwargs)
+    try:
+        output = model.generate(input_ids, return_dict_in_generate=True, **kwargs)
+    except ValueError as error:  # a flag value generate() refuses, named
+        raise CommandError(str(error)) from None
     return output, time.perf_counter() - start
 
 
@@ -120,6 +137,10 @@ def _answer_length(tokens: torch.LongTensor, eos_ids: set[int], pad_token_id: in
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace_out is not None:
+        if Path(args.trace_out).suffix not in (".html", ".png"):
+            raise CommandError(f"--trace-out must end in .html or .png, got {Path(args.trace_out).name!r}.")
+        check_output_file(args.trace_out, "--trace-out")
     model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
     input_ids = encode_prompt(tokenizer, args.prompt)
     overrides = _overrides(args)

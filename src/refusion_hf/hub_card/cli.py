@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except PublishError as error:
         print(f"refusion publish: error: {error}", file=sys.stderr)
-        return 1
+        return 2  # the user-error status of every refusion command
     print(f"Wrote the {result.kind} folder {result.folder} ({len(result.files)} files):")
     for name in result.files:
         print(f"  {name}")

@@ -30,7 +30,9 @@ from typing import Any
 
 from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+from safetensors import SafetensorError
 
+from ..command_inputs import first_line
 from ..modeling.remote_code import CUSTOM_GENERATE_DIR
 from .card import (
     DEFAULT_EXAMPLE_PROMPT,
@@ -184,6 +186,16 @@ def _load_tokenizer(*candidates: Path | str | None):
     return None
 
 
+def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise CardInputError(f"{flag} {path.parent}: {path.name} is not readable JSON ({first_line(error)}).") from None
+    if not isinstance(loaded, dict):
+        raise CardInputError(f"{flag} {path.parent}: {path.name} is not a JSON object.")
+    return loaded
+
+
 # --------------------------------------------------------------------------------------------- full models
 def _write_model(
     source: Path, staging: Path, tokenizer_source: str | Path | None, overrides: dict[str, Any]
@@ -192,7 +204,7 @@ def _write_model(
     from ..generation.refusion_generation_config import REFUSION_FIELDS
     from ..modeling import RefusionConfig, RefusionForCausalLM
 
-    raw = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    raw = _read_json_object(source / "config.json", "--model")
     model_type = raw.get("model_type")
     if model_type not in (RefusionConfig.model_type, OFFICIAL_MODEL_TYPE):
         raise CardInputError(
@@ -219,8 +231,8 @@ def _write_model(
         )
     try:
         model = RefusionForCausalLM.from_pretrained(source, dtype="auto")
-    except (OSError, ValueError, RuntimeError) as error:
-        raise PublishError(f"--model {source}: the checkpoint does not load ({error}).") from None
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        raise PublishError(f"--model {source}: the checkpoint does not load ({first_line(error)}).") from None
     generation_config = model.generation_config
     for key, value in overrides.items():
         setattr(generation_config, key, value)
@@ -261,7 +273,7 @@ def _write_adapter(
     source: Path, staging: Path, base_model: str | None, tokenizer_source: str | Path | None
 ) -> tuple[str, dict[str, Any], list[str]]:
     """Copy the adapter at `source` into `staging` with a Hub base model id; returns (base id, base info, notes)."""
-    adapter_config = json.loads((source / "adapter_config.json").read_text(encoding="utf-8"))
+    adapter_config = _read_json_object(source / "adapter_config.json", "--model")
     recorded = adapter_config.get("base_model_name_or_path")
     base_local = Path(recorded) if recorded and Path(recorded).is_dir() else None
     if base_model is None:

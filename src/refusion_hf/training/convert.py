@@ -21,8 +21,17 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AddedToken, AutoTokenizer
 
+from ..command_inputs import (
+    CommandError,
+    check_checkpoint_folder,
+    check_output_folder,
+    check_tokenizer_files,
+    check_tokenizer_fits,
+    first_line,
+)
 from ..modeling import RefusionConfig, RefusionForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -51,7 +60,9 @@ def add_refusion_tokens(tokenizer, mask_token: str = MASK_TOKEN, begin_token: st
         else:
             logger.warning("%s not set as BOS: the tokenizer would then prepend it to every text", begin_token)
     if _encode(tokenizer, _PROBE_TEXT) != probe:
-        raise RuntimeError("Adding the ReFusion special tokens changed how the tokenizer encodes ordinary text.")
+        raise CommandError(
+            "--base: adding the ReFusion special tokens would change how the tokenizer encodes ordinary text."
+        )
     return tokenizer
 
 
@@ -64,24 +75,43 @@ def _mean_initialise(embedding: torch.Tensor, old_rows: int, new_ids: list[int])
 def convert_checkpoint(base: str | Path, out: str | Path, mask_token: str = MASK_TOKEN, begin_token: str = BEGIN_TOKEN):
     """Convert the Qwen3 checkpoint + tokenizer in `base` into a ReFusion checkpoint in `out`; returns the model."""
     base, out = str(base), Path(out)
-    config_dict, _ = RefusionConfig.get_config_dict(base)
+    check_checkpoint_folder(base, "--base")
+    check_tokenizer_files(base, "--base")
+    check_output_folder(out, "--out")
+    try:
+        config_dict, _ = RefusionConfig.get_config_dict(base)
+    except (OSError, ValueError) as error:
+        raise CommandError(f"--base {base}: the checkpoint's config does not load ({first_line(error)}).") from None
     model_type = config_dict.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
+        raise CommandError(
             f"--base: {base} holds a {model_type!r} model; `refusion convert` turns Qwen3 checkpoints "
             f"(model_type {SUPPORTED_MODEL_TYPES[0]!r}) into ReFusion ones, because RefusionForCausalLM is a Qwen3 "
             "causal LM."
         )
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        model = RefusionForCausalLM.from_pretrained(base, dtype="auto")
+    except (OSError, ValueError, SafetensorError) as error:
+        raise CommandError(f"--base {base}: the checkpoint does not load ({first_line(error)}).") from None
+    vocab_size = model.get_input_embeddings().weight.shape[0]
+    check_tokenizer_fits(tokenizer, vocab_size, f"--base {base}")
     old_length = len(tokenizer)
-    known = set(tokenizer.get_vocab())
+    if old_length > vocab_size:
+        raise CommandError(f"--base: the tokenizer has {old_length} tokens but the embeddings only {vocab_size} rows.")
+    known = dict(tokenizer.get_vocab())
+    others = {
+        i for i in (*tokenizer.all_special_ids, model.config.eos_token_id, model.config.pad_token_id) if i is not None
+    }
     tokenizer = add_refusion_tokens(tokenizer, mask_token, begin_token)
     new_ids = sorted(tokenizer.convert_tokens_to_ids(t) for t in (begin_token, mask_token) if t not in known)
-
-    model = RefusionForCausalLM.from_pretrained(base, dtype="auto")
-    vocab_size = model.get_input_embeddings().weight.shape[0]
-    if old_length > vocab_size:
-        raise ValueError(f"--base: the tokenizer has {old_length} tokens but the embeddings only {vocab_size} rows.")
+    if mask_token not in known and tokenizer.mask_token_id in others:
+        raise CommandError(
+            f"--mask-token {mask_token}: it would get id {tokenizer.mask_token_id}, which another special token "
+            "already uses; the tokenizer looks broken."
+        )
+    if any(i < old_length for i in new_ids):  # new tokens take new rows, never the rows of existing tokens
+        raise CommandError(f"--base {base}: the tokenizer gave new tokens ids {new_ids} inside its vocabulary.")
     if len(tokenizer) > vocab_size:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     if new_ids:

@@ -16,12 +16,26 @@ The output directory receives the model with its remote code (or, with `--lora`,
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
+import zipfile
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, HfArgumentParser, TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..command_inputs import (
+    CommandError,
+    check_checkpoint_folder,
+    check_output_folder,
+    check_tokenizer_files,
+    check_tokenizer_fits,
+    first_line,
+)
 from ..modeling import RefusionForCausalLM
 from .collator import DEFAULT_EPS, DEFAULT_SLOT_SIZES, RefusionDataCollator
 from .data import DEFAULT_MAX_LENGTH, load_sft_dataset
@@ -74,7 +88,7 @@ def parse_slot_sizes(text: str) -> tuple[int, ...]:
     except ValueError:
         sizes = ()
     if not sizes or any(size < 1 for size in sizes):
-        raise ValueError(f"--slot-sizes must be comma-separated positive integers like '4,8,16,32', got {text!r}.")
+        raise CommandError(f"--slot-sizes must be comma-separated positive integers like '4,8,16,32', got {text!r}.")
     return sizes
 
 
@@ -86,10 +100,10 @@ def parse_training_arguments(output_dir: str, extra_args: list[str]) -> Training
     try:
         (training_args,) = parser.parse_args_into_dataclasses(args=[*extra_args, "--output_dir", output_dir])
     except ValueError as error:
-        raise ValueError(f"{error}. `refusion train` passes unknown flags to TrainingArguments.") from error
+        raise CommandError(f"{error}. `refusion train` passes unknown flags to TrainingArguments.") from None
     launched_processes = int(os.environ.get("WORLD_SIZE", "1"))
     if launched_processes > 1 and training_args.world_size == 1:
-        raise ValueError(
+        raise CommandError(
             f"{launched_processes} processes were launched (WORLD_SIZE) but TrainingArguments sees no distributed "
             "setup, so each would train alone. Without GPUs, add `--use-cpu` (DDP over gloo), e.g. "
             "`accelerate launch --multi_gpu --num_processes 2 -m refusion_hf.cli train ... --use-cpu`."
@@ -97,33 +111,95 @@ def parse_training_arguments(output_dir: str, extra_args: list[str]) -> Training
     return training_args
 
 
-def resolve_checkpoint(value: str | None, output_dir: str) -> str | None:
+def resolve_checkpoint(value: str | None, output_dir: str, needs_optimizer: bool = True) -> str | None:
+    """The checkpoint to resume from. `last` is the newest *complete* checkpoint-* folder of `output_dir` (a run
+    killed while saving leaves a newer, half-written one: it is skipped, and a note says why)."""
     if value is None or value.lower() in ("", "false", "none"):
         return None
     if value.lower() in ("last", "latest", "true"):
-        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if checkpoint is None:
-            raise ValueError(
-                f"--resume-from-checkpoint {value}: {output_dir} holds no checkpoint-* folder; pass a checkpoint path."
-            )
-        return checkpoint
+        candidates = sorted(
+            (path for path in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if path.is_dir()),
+            key=lambda path: int(path.name.rsplit("-", 1)[1]) if path.name.rsplit("-", 1)[1].isdigit() else -1,
+            reverse=True,
+        )
+        skipped = []
+        for candidate in candidates:
+            problem = checkpoint_problem(candidate, needs_optimizer)
+            if problem is None:
+                if skipped:
+                    print(
+                        f"[refusion train] resuming from {candidate.name}; skipped newer incomplete "
+                        + "; ".join(f"{name} ({why})" for name, why in skipped),
+                        file=sys.stderr,
+                    )
+                return str(candidate)
+            skipped.append((candidate.name, problem))
+        found = f" ({'; '.join(f'{name}: {why}' for name, why in skipped)})" if skipped else ""
+        raise CommandError(
+            f"--resume-from-checkpoint {value}: {output_dir} holds no complete checkpoint-* folder{found}; pass a "
+            "checkpoint path, or start without --resume-from-checkpoint."
+        )
     if not os.path.isdir(value):
-        raise ValueError(f"--resume-from-checkpoint: {value!r} is not a folder; pass a checkpoint-* folder or 'last'.")
+        raise CommandError(
+            f"--resume-from-checkpoint: {value!r} is not a folder; pass a checkpoint-* folder or 'last'."
+        )
+    problem = checkpoint_problem(Path(value), needs_optimizer)
+    if problem is not None:
+        raise CommandError(f"--resume-from-checkpoint {value}: incomplete checkpoint ({problem}).")
     return value
 
 
+def checkpoint_problem(folder: Path, needs_optimizer: bool = True) -> str | None:
+    """Why `folder` is not a complete Trainer checkpoint (None when it is): the files a save writes, each whole."""
+    state = folder / TRAINER_STATE_NAME
+    try:
+        json.loads(state.read_text())
+    except (OSError, ValueError):
+        return f"{TRAINER_STATE_NAME} missing or unreadable"
+    weights = [folder / name for name in ("model.safetensors", "adapter_model.safetensors") if (folder / name).exists()]
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weights += [folder / name for name in set(json.loads(index.read_text())["weight_map"].values())]
+        except (OSError, ValueError, KeyError):
+            return f"{index.name} unreadable"
+    if not weights:
+        return "no weights"
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # noqa: BLE001 - a truncated or missing shard, whatever safetensors raises
+            return f"{path.name} incomplete ({first_line(error)})"
+    pickled = [OPTIMIZER_NAME, SCHEDULER_NAME] if needs_optimizer else []
+    for name in pickled + [p.name for p in folder.glob("rng_state*.pth")]:
+        try:
+            zipfile.ZipFile(folder / name).close()  # torch.save writes a zip: a cut file has no central directory
+        except (OSError, zipfile.BadZipFile):
+            return f"{name} missing or incomplete"
+    return None
+
+
 def load_model(model_path: str, training_args: TrainingArguments, args: argparse.Namespace):
-    model = RefusionForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    model.config.require_mask_token_id("ReFusion training")
+    check_checkpoint_folder(model_path, "--model")
+    check_tokenizer_files(model_path, "--model")
+    try:
+        model = RefusionForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    except (OSError, ValueError, SafetensorError) as error:
+        raise CommandError(f"--model {model_path}: the checkpoint does not load ({first_line(error)}).") from None
+    try:
+        model.config.require_mask_token_id("ReFusion training")
+    except ValueError as error:
+        raise CommandError(f"--model {model_path}: {error}") from None
     if not args.lora:
         return model
     from peft import LoraConfig, get_peft_model
 
     targets = [name.strip() for name in args.lora_target_modules.split(",") if name.strip()]
     if not targets:
-        raise ValueError("--lora-target-modules is empty; name modules like 'q_proj,k_proj,v_proj,o_proj'.")
+        raise CommandError("--lora-target-modules is empty; name modules like 'q_proj,k_proj,v_proj,o_proj'.")
     if args.lora_r < 1:
-        raise ValueError(f"--lora-r must be a positive integer, got {args.lora_r}.")
+        raise CommandError(f"--lora-r must be a positive integer, got {args.lora_r}.")
     if training_args.gradient_checkpointing:
         model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad-requiring input
     lora_config = LoraConfig(
@@ -139,20 +215,30 @@ def load_model(model_path: str, training_args: TrainingArguments, args: argparse
 def run(args: argparse.Namespace) -> int:
     slot_sizes = parse_slot_sizes(args.slot_sizes)
     if args.packing_length is not None and args.packing_length < 1:
-        raise ValueError(f"--packing-length must be a positive number of tokens, got {args.packing_length}.")
+        raise CommandError(f"--packing-length must be a positive number of tokens, got {args.packing_length}.")
     training_args = parse_training_arguments(args.output_dir, getattr(args, "extra_args", []))
-    resume = resolve_checkpoint(training_args.resume_from_checkpoint, args.output_dir)
+    resume = resolve_checkpoint(
+        training_args.resume_from_checkpoint, args.output_dir, needs_optimizer=not training_args.save_only_model
+    )
     set_seed(training_args.seed)
 
+    check_output_folder(args.output_dir, "--output-dir")
     model = load_model(args.model, training_args, args)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as error:
+        raise CommandError(f"--model {args.model}: the tokenizer does not load ({first_line(error)}).") from None
+    check_tokenizer_fits(tokenizer, model.get_input_embeddings().weight.shape[0], f"--model {args.model}")
     mask_token_id = model.config.mask_token_id
     if tokenizer.mask_token_id is not None and tokenizer.mask_token_id != mask_token_id:
-        raise ValueError(
+        raise CommandError(
             f"--model: the config's mask_token_id is {mask_token_id} but the tokenizer's mask token "
             f"{tokenizer.mask_token!r} has id {tokenizer.mask_token_id}; fix one of them."
         )
-    dataset = load_sft_dataset(args.data, tokenizer, max_length=args.max_length)
+    try:
+        dataset = load_sft_dataset(args.data, tokenizer, max_length=args.max_length)
+    except (OSError, ValueError) as error:
+        raise CommandError(f"--data {args.data}: {first_line(error)}") from None
     collator = RefusionDataCollator(
         tokenizer,
         mask_token_id=mask_token_id,
