@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from refusion_hf.checkpoint_identity import weights_sha256
+
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "tiny-qwen3-refusion"
 REPO_ID = "test-org/tiny-refusion"
 EXAMPLE_PROMPT = "t5 t6 t7 t8"
@@ -47,6 +49,7 @@ SYNTHETIC_EVAL = {
         "eos_token_ids": [1],
         "pad_token_id": 0,
         "model": "/a/local/path",
+        "model_sha256": weights_sha256(FIXTURE),
         "data_file": None,
         "dtype": "float32",
         "refusion_decoding": {
@@ -67,7 +70,13 @@ HUMANEVAL_EVAL = {
         "tokens_per_forward": 1.0,
         "num_forward_passes": 180,
     },
-    "settings": {"suite": "humaneval", "seed": 0, "limit": None, "slot_size": 8},
+    "settings": {
+        "suite": "humaneval",
+        "seed": 0,
+        "limit": None,
+        "slot_size": 8,
+        "model_sha256": weights_sha256(FIXTURE),
+    },
 }
 TRAINER_STATE = {
     "global_step": 40,

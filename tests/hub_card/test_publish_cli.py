@@ -170,6 +170,9 @@ def test_push_replaces_the_model_files_of_an_earlier_push_and_keeps_the_rest(cap
         "adapter_config.json": b"{}",
         "special_tokens_map.json": b"{}",
         "old_modeling.py": b"",
+        "handler.py": b"# the owner's inference handler",
+        "pytorch_model.bin": b"old weights",
+        "custom_generate/old_helper.py": b"",
         "config.json": b"{}",
         "results.json": b"{}",
         "notes/eval[1].md": b"mine",
@@ -185,23 +188,27 @@ def test_push_replaces_the_model_files_of_an_earlier_push_and_keeps_the_rest(cap
         code, stdout, err = run_cli(capsys, "--model", FIXTURE, "--out", out, "--repo-id", REPO_ID, "--push")
         assert code == 0, err
         assert hub.unexpected == []
-        stale = [
-            "adapter_config.json",
-            "model-00001-of-00002.safetensors",
-            "model-00002-of-00002.safetensors",
-            "model.safetensors.index.json",
-            "old_modeling.py",
-            "special_tokens_map.json",
-        ]
+        stale = sorted(
+            [
+                "adapter_config.json",
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors",
+                "custom_generate/old_helper.py",
+                "model.safetensors.index.json",
+                "pytorch_model.bin",
+                "special_tokens_map.json",
+            ]
+        )
         (commit,) = hub.commits
         assert sorted(op["value"]["path"] for op in commit.other_operations) == stale
         assert {op["key"] for op in commit.other_operations} == {"deletedFile"}
-        kept = {"results.json", "notes/eval[1].md", "checkpoints/model.safetensors", ".gitattributes"}
+        kept = {"results.json", "notes/eval[1].md", "checkpoints/model.safetensors", ".gitattributes", "handler.py",
+                "old_modeling.py"}  # fmt: skip
         assert hub.files[REPO_ID] == folder_files(out) | {name: earlier[name] for name in kept}
         assert f"deleted from {REPO_ID} the model files of an earlier push that this folder does not have: " in stdout
         assert ", ".join(stale) in stdout
         assert f"kept in {REPO_ID} files that are not part of the model: " in stdout
-        assert "checkpoints/model.safetensors, notes/eval[1].md, results.json" in stdout
+        assert "checkpoints/model.safetensors, handler.py, notes/eval[1].md, old_modeling.py, results.json" in stdout
         assert f"`hf repos delete-files {REPO_ID} PATH...`" in stdout
 
 
@@ -314,3 +321,35 @@ def test_bad_sources_and_out_folders(capsys, tmp_path, monkeypatch):
     assert_one_clear_error(code, err, "working or home directory")
     assert (out / "project").is_dir() and (out / "config.json").is_file()
     assert not [path for path in tmp_path.iterdir() if ".partial-" in path.name]  # no staging left behind
+
+
+def test_eval_reports_of_other_weights_are_refused(capsys, tmp_path, inputs_dir):
+    """A report records which weights it measured; publishing another model's numbers needs --allow-eval-mismatch."""
+    other = json.loads((inputs_dir / "synthetic.json").read_text())
+    other["settings"]["model_sha256"] = "0" * 64
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    del other["settings"]["model_sha256"]
+    (tmp_path / "old.json").write_text(json.dumps(other))
+    for report, message in (("other.json", "evaluated other weights"), ("old.json", "does not say which weights")):
+        code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", "--eval", tmp_path / report)
+        assert_one_clear_error(code, err, message, "--allow-eval-mismatch")
+        assert not (tmp_path / "out").exists()
+    code, _, err = run_cli(
+        capsys,
+        "--model",
+        FIXTURE,
+        "--out",
+        tmp_path / "out",
+        "--eval",
+        tmp_path / "other.json",
+        "--allow-eval-mismatch",
+    )
+    assert code == 0, err
+
+
+def test_a_real_eval_report_names_its_weights(capsys, tmp_path):
+    report = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(FIXTURE), "--limit", "2", "--max-new-tokens", "4", "--slot-size", "4",
+                 "--timing-repeats", "1", "--json", str(report)]) == 0  # fmt: skip
+    code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", "--eval", report)
+    assert code == 0, err

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..checkpoint_identity import weights_sha256
 from ..command_inputs import CommandError, check_output_file
 from ..generation.cli import add_dtype_argument
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
@@ -254,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
     results["settings"].update(
         {
             "model": str(args.model) if args.model else str(default_model_path()),
+            # which weights these numbers are for (refusion publish --eval checks it against what it publishes)
+            "model_sha256": weights_sha256(args.model or default_model_path()),
             "suite": args.suite,
             "split": args.split if args.suite == "synthetic" else None,
             "families": families,

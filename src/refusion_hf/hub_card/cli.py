@@ -45,6 +45,11 @@ def register(subparsers) -> None:
     defaults.add_argument("--token-threshold", type=float, default=None)
     defaults.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    parser.add_argument(
+        "--allow-eval-mismatch",
+        action="store_true",
+        help="put --eval reports on the card even when they do not record these weights (settings.model_sha256)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -67,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             example_prompt=args.example_prompt,
             decoding_defaults={key: getattr(args, key) for key in DECODING_OVERRIDES},
             overwrite=args.overwrite,
+            allow_eval_mismatch=args.allow_eval_mismatch,
         )
     except PublishError as error:
         print(f"refusion publish: error: {error}", file=sys.stderr)

@@ -11,8 +11,8 @@ The folder is built next to `out` and moved into place only when complete, so a 
 half-written folder behind. Inputs are validated before any heavy work.
 
 A push makes the repository's model the folder's: model files of an earlier push that the folder does not have
-(weights, a shard index, an adapter, remote code, tokenizer files: `MODEL_FILE_PATTERNS` at the top level, and
-every file under `custom_generate/`) are deleted
+(weights, a shard index, an adapter, this package's remote-code modules, tokenizer files: `_managed_patterns()` at
+the top level, and every file under `custom_generate/`) are deleted
 in the same commit, so they cannot be loaded beside the new ones; any other file already there is kept and named.
 """
 
@@ -32,8 +32,9 @@ from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from safetensors import SafetensorError
 
+from ..checkpoint_identity import weights_sha256
 from ..command_inputs import first_line
-from ..modeling.remote_code import CUSTOM_GENERATE_DIR
+from ..modeling.remote_code import CUSTOM_GENERATE_DIR, collect_bundle_modules
 from .card import (
     DEFAULT_EXAMPLE_PROMPT,
     DEFAULT_LICENSE,
@@ -47,7 +48,9 @@ from .errors import CardInputError, PublishError, PushError
 from .sources import EvalReport, TrainingSummary, load_eval_report, load_training_summary
 
 OFFICIAL_MODEL_TYPE = "qwen3"
-# Top-level files that make up a model or an adapter in a Hub repository (what `from_pretrained` may read).
+# Top-level files that make up a model or an adapter in a Hub repository (what `from_pretrained` may read), besides
+# the remote-code modules this package writes (`_managed_patterns`); other files (a `handler.py`, notes) are the
+# repository owner's.
 MODEL_FILE_PATTERNS = (
     "*.safetensors",
     "*.bin",
@@ -58,7 +61,6 @@ MODEL_FILE_PATTERNS = (
     "*.msgpack",
     "*.gguf",
     "*.index.json",
-    "*.py",
     "*.model",
     "config.json",
     "generation_config.json",
@@ -184,6 +186,25 @@ def _load_tokenizer(*candidates: Path | str | None):
         if candidate is not None and (Path(candidate) / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(candidate)
     return None
+
+
+def _check_reports_are_of(reports: list[EvalReport], source: Path, allow_mismatch: bool) -> None:
+    """Each report must have measured these weights (`settings.model_sha256`, written by `refusion eval`)."""
+    expected = weights_sha256(source)
+    for report in reports:
+        recorded = report.settings.get("model_sha256")
+        if recorded == expected or allow_mismatch:
+            continue
+        what = (
+            f"evaluated other weights (sha256 {str(recorded)[:12]}..., the folder's {str(expected)[:12]}...)"
+            if recorded
+            else "does not say which weights it evaluated (no settings.model_sha256: written before refusion eval "
+            "recorded it)"
+        )
+        raise CardInputError(
+            f"--eval {report.path} {what}; evaluate this folder (`refusion eval --model {source} --json ...`), or pass "
+            "--allow-eval-mismatch to put that report on the card anyway."
+        )
 
 
 def _read_json_object(path: Path, flag: str) -> dict[str, Any]:
@@ -325,6 +346,7 @@ def publish(
     example_prompt: str = DEFAULT_EXAMPLE_PROMPT,
     decoding_defaults: dict[str, Any] | None = None,
     overwrite: bool = False,
+    allow_eval_mismatch: bool = False,
     token: str | None = None,
     endpoint: str | None = None,
 ) -> PublishResult:
@@ -356,6 +378,7 @@ def publish(
         token = resolve_token(token, "Nothing was written.")
 
     source, source_hub_id = _resolve_source(model)
+    _check_reports_are_of(reports, source, allow_eval_mismatch)
     is_adapter = (source / "adapter_config.json").is_file()
     if not is_adapter and not (source / "config.json").is_file():
         raise CardInputError(
@@ -508,15 +531,22 @@ def push_folder(
     return PushResult(commit_url=str(info.commit_url), deleted=deleted, kept=kept)
 
 
+def _managed_patterns() -> tuple[str, ...]:
+    from ..modeling import RefusionConfig, RefusionForCausalLM
+
+    return (*MODEL_FILE_PATTERNS, *collect_bundle_modules(RefusionConfig, RefusionForCausalLM))
+
+
 def _stale_remote_files(remote: list[str], folder: Path) -> tuple[list[str], list[str]]:
     """Split the repository's files that `folder` does not have into model files (to delete) and others (kept).
     `.gitattributes` is the Hub's own and never listed."""
     local = {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
     extra = sorted(set(remote) - local - {".gitattributes"})
+    managed = _managed_patterns()
     deleted = [
         path
         for path in extra
-        if ("/" not in path and any(fnmatch.fnmatchcase(path, p) for p in MODEL_FILE_PATTERNS))
+        if ("/" not in path and any(fnmatch.fnmatchcase(path, p) for p in managed))
         or path.startswith(f"{CUSTOM_GENERATE_DIR}/")
     ]
     return deleted, [path for path in extra if path not in deleted]
