@@ -283,3 +283,21 @@ def test_missing_eos_is_reported():
     with pytest.raises(ValueError, match=r"needs an EOS token: pass `eos_token_id=`"):
         model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2)
     assert model.generate(torch.tensor([[5, 6]]), max_new_tokens=4, slot_size=2, eos_token_id=1).shape == (1, 6)
+
+
+def test_attention_mask_is_inferred_from_padding_as_in_stock(model64):
+    """lm-eval's HFLM passes left-padded `input_ids` without a mask: like stock generate, the mask comes from
+    `pad_token_id` (when it differs from EOS)."""
+    ids = torch.tensor([[PAD, PAD, PAD] + PROMPT[0, :5].tolist(), PROMPT[0].tolist()])
+    mask = (ids != PAD).long()
+    knobs = dict(max_new_tokens=12, slot_size=4, slot_threshold=0.6, token_threshold=0.3)
+    assert torch.equal(model64.generate(ids, **knobs), model64.generate(ids, attention_mask=mask, **knobs))
+
+
+def test_a_callers_max_length_wins_over_the_checkpoints_max_new_tokens(fixture_path):
+    model = RefusionForCausalLM.from_pretrained(fixture_path, dtype=torch.float64).eval()
+    model.generation_config.max_new_tokens = 4
+    knobs = dict(slot_size=4, slot_threshold=0.6, token_threshold=0.3)
+    assert model.generate(PROMPT, **knobs).shape[1] <= 8 + 4
+    assert model.generate(PROMPT, max_length=8 + 12, **knobs).shape[1] == 8 + 12  # lm-eval's max_gen_toks
+    assert model.generate(PROMPT, max_new_tokens=6, **knobs).shape[1] == 8 + 6

@@ -153,11 +153,14 @@ def refusion_generate(
         stopping_criteria = StoppingCriteriaList([stopping_criteria])
     device = model.device
     input_ids = input_ids.to(device)
-    attention_mask = check_left_padding(input_ids, attention_mask, config).to(device)
     width = input_ids.shape[1]
 
-    # Lengths, special tokens, processors and criteria: stock preparation.
-    model._prepare_special_tokens(config, True, device=device, batch_size=input_ids.shape[0])
+    # Special tokens, the attention mask (inferred from padding when none is given), lengths, processors and
+    # criteria: stock preparation.
+    model._prepare_special_tokens(config, attention_mask is not None, device=device, batch_size=input_ids.shape[0])
+    if attention_mask is None:
+        attention_mask = model._prepare_attention_mask_for_generation(input_ids, config, {})
+    attention_mask = check_left_padding(input_ids, attention_mask.to(device), config)
     config = model._prepare_generated_length(
         config, has_default_max_length, has_default_min_length, "input_ids", width, input_ids
     )
@@ -215,7 +218,13 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     base = RefusionGenerationConfig() if generation_config is None else generation_config
     config = copy.deepcopy(RefusionGenerationConfig.from_generation_config(base))
     if model.generation_config is not None:
-        config.update(**model.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+        defaults = model.generation_config.to_dict()
+        given = {**{k: v for k, v in config.to_dict().items() if v is not None}, **kwargs}
+        if given.get("max_length") is not None and given.get("max_new_tokens") is None:
+            # A length the caller gives wins over the checkpoint's: stock generate would let a `max_new_tokens` of
+            # generation_config.json override the caller's `max_length` (lm-eval's `max_gen_toks` arrives so).
+            defaults.pop("max_new_tokens", None)
+        config.update(**defaults, defaults_only=True, allow_custom_entries=True)
     config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)
     model_kwargs = config.update(**kwargs)
     if config.mask_token_id is None:
@@ -325,9 +334,7 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
 
 
 def check_left_padding(input_ids, attention_mask, config: RefusionGenerationConfig) -> torch.LongTensor:
-    """The attention mask (all ones when none is given), after ReFusion's own input checks."""
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
+    """The attention mask, after ReFusion's own input checks."""
     mask = attention_mask.bool()
     if (mask[:, 1:] < mask[:, :-1]).any():
         raise ValueError(

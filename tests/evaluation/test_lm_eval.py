@@ -1,0 +1,75 @@
+"""lm-evaluation-harness's own `hf` model runs ReFusion decoding on a folder we ship: the real `lm_eval` CLI on a
+local generate_until task (task YAML and JSONL written here, offline), its answers identical at batch sizes 1 and
+3 (float32) and equal to `generate()`'s on the same prompts, cut at the task's `until` strings."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from refusion_hf.evaluation.synthetic_tasks import generate_problems
+from refusion_hf.generation.cli import default_model_path, load_model_and_tokenizer
+
+UNTIL = ["\n\n", "####", "Question:"]
+MAX_GEN_TOKS = 24
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lm_eval_task")
+    problems = generate_problems("test", 6, seed=404, families=("arithmetic",))
+    data = folder / "toy.jsonl"
+    data.write_text("".join(json.dumps({"question": p.prompt, "answer": str(p.answer)}) + "\n" for p in problems))
+    (folder / "refusion_toy.yaml").write_text(
+        f"""task: refusion_toy
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: {json.dumps(UNTIL)}
+  max_gen_toks: {MAX_GEN_TOKS}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
+    )
+    return folder
+
+
+def run_lm_eval(task_dir: Path, out: Path, batch_size: int) -> list[dict]:
+    model_args = f"pretrained={default_model_path()},trust_remote_code=True,dtype=float32"
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", model_args, "--tasks",
+               "refusion_toy", "--include_path", str(task_dir), "--batch_size", str(batch_size), "--log_samples",
+               "--output_path", str(out), "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    completed = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (samples,) = out.rglob("samples_refusion_toy_*.jsonl")
+    return [json.loads(line) for line in samples.read_text().splitlines()]
+
+
+def test_lm_eval_hf_model_runs_refusion_decoding(task_dir, tmp_path):
+    alone = run_lm_eval(task_dir, tmp_path / "b1", 1)
+    batched = run_lm_eval(task_dir, tmp_path / "b3", 3)
+    answers = {s["doc_id"]: s["resps"][0][0] for s in alone}
+    assert answers == {s["doc_id"]: s["resps"][0][0] for s in batched}, "batch size does not change an answer"
+
+    model, tokenizer = load_model_and_tokenizer(str(default_model_path()), "float32")
+    for sample in alone:
+        context = sample["arguments"]["gen_args_0"]["arg_0"]
+        ids = tokenizer(context, add_special_tokens=False, return_tensors="pt").input_ids
+        with torch.no_grad():
+            full = model.generate(ids, max_new_tokens=MAX_GEN_TOKS)[0, ids.shape[1] :]
+        text = tokenizer.decode(full, skip_special_tokens=False)
+        for stop in [*UNTIL, tokenizer.decode([model.generation_config.eos_token_id])]:
+            text = text.split(stop)[0]
+        assert answers[sample["doc_id"]] == text, sample["doc_id"]
