@@ -11,6 +11,15 @@ from .generation import RefusionGenerationConfig, RefusionGenerationMixin, Refus
 from .modeling import RefusionConfig, RefusionForCausalLM
 from .training import RefusionDataCollator
 
+
+def __getattr__(name: str):
+    if name == "RefusionSFTTrainer":  # TRL, imported on first use
+        from .training.sft import RefusionSFTTrainer
+
+        return RefusionSFTTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 AutoConfig.register(RefusionConfig.model_type, RefusionConfig, exist_ok=True)
 AutoModel.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
 AutoModelForCausalLM.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
@@ -24,4 +33,5 @@ __all__ = [
     "RefusionGenerationConfig",
     "RefusionGenerationMixin",
     "RefusionGenerationOutput",
+    "RefusionSFTTrainer",
 ]

@@ -3,21 +3,21 @@ collator for stock causal LMs (the AR baseline), SFT data loading, a `Trainer` t
 and checkpoint conversion. The loss itself lives with the model (`modeling/refusion_loss.py`) so that exported
 remote-code models train too.
 
-`RefusionTrainer` / `RefusionEpochCallback` are imported on first use (importing `transformers.Trainer` costs
-time that `import refusion_hf` for inference should not pay)."""
+`RefusionTrainer` / `RefusionEpochCallback` / `RefusionSFTTrainer` (TRL) are imported on first use (importing
+`transformers.Trainer` costs time that `import refusion_hf` for inference should not pay)."""
 
 from .collator import RefusionDataCollator
 from .data import DataFormatError, RefusionSFTDataset, load_sft_dataset
 from .packing import PackedCausalLMCollator
 
-_LAZY = {"RefusionTrainer", "RefusionEpochCallback"}
+_LAZY = {"RefusionTrainer": "trainer", "RefusionEpochCallback": "trainer", "RefusionSFTTrainer": "sft"}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from . import trainer
+        import importlib
 
-        return getattr(trainer, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -27,6 +27,7 @@ __all__ = [
     "RefusionDataCollator",
     "RefusionEpochCallback",
     "RefusionSFTDataset",
+    "RefusionSFTTrainer",
     "RefusionTrainer",
     "load_sft_dataset",
 ]

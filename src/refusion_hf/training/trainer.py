@@ -75,7 +75,9 @@ class RefusionTrainer(Trainer):
         self._signature_columns += [name for name in COLLATOR_COLUMNS if name not in self._signature_columns]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=None)
+        # `Trainer.compute_loss` by name: the model's own loss, also in `RefusionSFTTrainer`, where `super()` would be
+        # TRL's token-level loss (which shifts the collator's unshifted targets).
+        loss, outputs = Trainer.compute_loss(self, model, inputs, return_outputs=True, num_items_in_batch=None)
         parts = [outputs.get(name) if isinstance(outputs, dict) else None for name in LOSS_PARTS]
         if "mdm_weights" in inputs and any(part is None for part in parts):
             raise ValueError(

@@ -53,6 +53,12 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
     # causal-LM training (`labels` only) is then normalised per micro-batch too, like transformers < 4.46.
     accepts_loss_kwargs = False
 
+    def __init__(self, config):
+        super().__init__(config)
+        # `mdm_weights` is consumed here, in `forward`; reaching the backbone means a trainer computed its own loss
+        # from the hidden states and would silently train something else (TRL's SFTTrainer does).
+        self.model.register_forward_pre_hook(_refuse_mdm_weights_in_backbone, with_kwargs=True)
+
     def forward(
         self,
         input_ids=None,
@@ -131,6 +137,16 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_model_bundle(save_directory, self.config_class, type(self))
+
+
+def _refuse_mdm_weights_in_backbone(module, args, kwargs):
+    if kwargs.get("mdm_weights") is not None:
+        raise ValueError(
+            "A ReFusion batch (`mdm_weights`, unshifted `labels`) reached the backbone without the ReFusion loss: "
+            "the trainer computes its own causal-LM loss from the hidden states (TRL's `SFTTrainer` does), which "
+            "would train a different objective. Train with `refusion_hf.RefusionSFTTrainer` (TRL) or "
+            "`refusion_hf.training.RefusionTrainer` (Trainer)."
+        )
 
 
 __all__ = ["RefusionForCausalLM"]

@@ -1,0 +1,92 @@
+"""`RefusionSFTTrainer`: TRL's `SFTTrainer` training the ReFusion objective.
+
+TRL does the rest: dataset preparation (its own tokenization and chat templating of prompt/completion and
+conversational datasets, truncation), `SFTConfig`, PEFT through `peft_config`, logging, saving. What differs:
+
+* a `messages` dataset is read the way `refusion train` reads it: the last message is the answer, the ones before
+  it the prompt (it becomes a conversational prompt/completion dataset before TRL prepares it);
+* batches come from `RefusionDataCollator` (slot permutation and masking, seeded), fed by `RefusionSFTCollator`,
+  which reads each example's prompt length from TRL's labels (the prompt is the part before the last run of
+  trainable tokens);
+* the loss is the model's own ReFusion loss (`ar_loss + mdm_loss`, both logged, as `RefusionTrainer` does), not
+  TRL's token-level causal-LM loss, which would shift the collator's unshifted targets.
+
+Plain `SFTTrainer` with a ReFusion collator fails at the first step with an error naming this class (the model
+refuses a ReFusion batch whose loss the trainer computes itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import Trainer
+from trl import SFTTrainer
+
+from .collator import RefusionDataCollator
+from .trainer import RefusionTrainer
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class RefusionSFTCollator:
+    """TRL's prepared features (`input_ids`, `labels` with -100 on the prompt) -> `RefusionDataCollator` batches."""
+
+    collator: RefusionDataCollator
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.collator([self.to_refusion_feature(feature) for feature in features])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.collator.set_epoch(epoch)
+
+    @staticmethod
+    def to_refusion_feature(feature: dict[str, Any]) -> dict[str, Any]:
+        input_ids = list(feature["input_ids"])
+        labels = feature.get("labels")
+        if labels is None:
+            raise ValueError(
+                "RefusionSFTTrainer needs to know where each answer starts: give a prompt/completion or messages "
+                "dataset (TRL then marks the prompt with -100 labels), not plain text."
+            )
+        labels = list(labels)
+        answer = 0
+        while answer < len(labels) and labels[len(labels) - 1 - answer] != IGNORE_INDEX:
+            answer += 1
+        prompt_length = len(input_ids) - answer
+        if answer == 0 or prompt_length == 0:
+            raise ValueError("An example has no prompt or no answer after TRL's preparation; check the dataset.")
+        return {"input_ids": input_ids, "prompt_length": prompt_length}
+
+
+def _messages_as_prompt_completion(dataset):
+    """A `messages` dataset as conversational prompt/completion (the last message is the answer)."""
+    if dataset is None or "messages" not in dataset.column_names or "prompt" in dataset.column_names:
+        return dataset
+    return dataset.map(
+        lambda example: {"prompt": example["messages"][:-1], "completion": example["messages"][-1:]},
+        remove_columns=["messages"],
+    )
+
+
+class RefusionSFTTrainer(RefusionTrainer, SFTTrainer):
+    """TRL's `SFTTrainer` with the ReFusion objective (see the module docstring). Arguments are `SFTTrainer`'s."""
+
+    def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None, **kwargs):
+        train_dataset = _messages_as_prompt_completion(train_dataset)
+        if isinstance(eval_dataset, dict):
+            eval_dataset = {name: _messages_as_prompt_completion(data) for name, data in eval_dataset.items()}
+        else:
+            eval_dataset = _messages_as_prompt_completion(eval_dataset)
+        super().__init__(model, args, data_collator, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
+
+    def _default_collator(self) -> RefusionSFTCollator:
+        return RefusionSFTCollator(super()._default_collator())
+
+    def _set_signature_columns_if_needed(self) -> None:
+        Trainer._set_signature_columns_if_needed(self)
+        self._signature_columns += [name for name in ("input_ids", "labels") if name not in self._signature_columns]
+
+
+__all__ = ["RefusionSFTCollator", "RefusionSFTTrainer"]
