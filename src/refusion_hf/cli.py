@@ -16,6 +16,7 @@ from .command_inputs import CommandError
 COMMANDS = {
     "generate": "refusion_hf.generation.cli",
     "eval": "refusion_hf.evaluation.cli",
+    "lm-eval": "refusion_hf.evaluation.lm_eval_cli",
     "publish": "refusion_hf.hub_card.cli",
     "train": "refusion_hf.training.train_cli",
     "convert": "refusion_hf.training.convert",

@@ -73,3 +73,34 @@ def test_lm_eval_hf_model_runs_refusion_decoding(task_dir, tmp_path):
         for stop in [*UNTIL, tokenizer.decode([model.generation_config.eos_token_id])]:
             text = text.split(stop)[0]
         assert answers[sample["doc_id"]] == text, sample["doc_id"]
+
+
+def test_refusion_lm_eval_with_a_preset_writes_speed_into_the_results(task_dir, tmp_path, capsys):
+    """`refusion lm-eval` is lm-eval's CLI with the `refusion` model: its answers are `generate()`'s with the preset's
+    knobs, and the results JSON carries tokens/s, tokens per forward and forward passes per task."""
+    from refusion_hf.cli import main
+
+    out = tmp_path / "out"
+    model_args = f"pretrained={default_model_path()},dtype=float32,preset=arc_challenge_chat"
+    argv = ["lm-eval", "--model", "refusion", "--model_args", model_args, "--tasks", "refusion_toy",
+            "--include_path", str(task_dir), "--batch_size", "2", "--log_samples", "--output_path", str(out),
+            "--limit", "4"]  # fmt: skip
+    assert main(argv) == 0
+    assert "[refusion] refusion_toy:" in capsys.readouterr().out
+    (results,) = out.rglob("results_*.json")
+    report = json.loads(results.read_text())["refusion_decoding"]
+    assert report["preset"] == "arc_challenge_chat" and report["settings"]["slot_size"] == 8
+    stats = report["tasks"]["refusion_toy"]
+    assert stats["requests"] == 4 and stats["forward_passes"] > 0
+    assert stats["tokens_per_forward"] == stats["tokens"] / stats["forward_passes"] > 1
+    assert stats["tokens_per_second"] > 0
+
+    model, tokenizer = load_model_and_tokenizer(str(default_model_path()), "float32")
+    (samples,) = out.rglob("samples_refusion_toy_*.jsonl")
+    for sample in map(json.loads, samples.read_text().splitlines()):
+        ids = tokenizer(sample["arguments"]["gen_args_0"]["arg_0"], add_special_tokens=False, return_tensors="pt")
+        full = model.generate(ids.input_ids, preset="arc_challenge_chat", max_new_tokens=MAX_GEN_TOKS)
+        text = tokenizer.decode(full[0, ids.input_ids.shape[1] :])
+        for stop in [*UNTIL, tokenizer.decode([model.generation_config.eos_token_id])]:
+            text = text.split(stop)[0]
+        assert sample["resps"][0][0] == text

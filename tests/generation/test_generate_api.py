@@ -301,3 +301,20 @@ def test_a_callers_max_length_wins_over_the_checkpoints_max_new_tokens(fixture_p
     assert model.generate(PROMPT, **knobs).shape[1] <= 8 + 4
     assert model.generate(PROMPT, max_length=8 + 12, **knobs).shape[1] == 8 + 12  # lm-eval's max_gen_toks
     assert model.generate(PROMPT, max_new_tokens=6, **knobs).shape[1] == 8 + 6
+
+
+def test_presets_are_the_authors_settings(model64):
+    from refusion_hf.generation.refusion_generation_config import DECODING_PRESETS
+
+    assert DECODING_PRESETS["gsm8k_cot"] == dict(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.4)
+    assert DECODING_PRESETS["gpqa_main_generative_n_shot"]["block_size"] == 512 // 32
+    config = RefusionGenerationConfig.from_preset("minerva_math", token_threshold=0.5)
+    assert (config.slot_size, config.block_size, config.slot_threshold, config.token_threshold) == (32, 64, 0.8, 0.5)
+    assert config.max_new_tokens == 512
+    by_preset = model64.generate(PROMPT, preset="arc_challenge_chat", max_new_tokens=16, return_dict_in_generate=True)
+    explicit = model64.generate(PROMPT, max_new_tokens=16, slot_size=8, block_size=8, slot_threshold=0.8,
+                                token_threshold=0.1, return_dict_in_generate=True)  # fmt: skip
+    assert torch.equal(by_preset.sequences, explicit.sequences) and by_preset.chosen_slots == explicit.chosen_slots
+    with pytest.raises(ValueError, match=r"`preset` must be one of \['arc_challenge_chat'"):
+        model64.generate(PROMPT, preset="squad")
+    assert model64.generate(PROMPT, preset="mbpp", decoding="autoregressive", max_new_tokens=5).shape == (1, 13)

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..checkpoint_identity import weights_sha256
 from ..command_inputs import CommandError, check_output_file
 from ..generation.cli import add_dtype_argument
+from ..generation.refusion_generation_config import DECODING_PRESETS
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .suites import CODE_SUITES, SUITES, load_problems
 from .synthetic_tasks import FAMILIES
@@ -94,6 +95,12 @@ def register(subparsers) -> None:
         type=_positive_int,
         default=None,
         help=f"default: the model's generation config, else {EVAL_DEFAULT_MAX_NEW_TOKENS}",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(DECODING_PRESETS),
+        default=None,
+        help="the authors' decoding settings for a task (slot size, block size, thresholds); the flags below win",
     )
     parser.add_argument("--slot-size", type=_positive_int, default=None)
     parser.add_argument("--block-size", type=_positive_int, default=None)
@@ -235,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         slot_threshold=args.slot_threshold,
         token_threshold=args.token_threshold,
         plan_ahead=args.plan_ahead,
+        preset=args.preset,
         timing_repeats=args.timing_repeats,
         allow_code_execution=allowed,
         code_timeout=args.code_timeout,

@@ -37,6 +37,7 @@ class EvalSettings:
     slot_threshold: float | None = None
     token_threshold: float | None = None
     plan_ahead: bool | None = None
+    preset: str | None = None  # DECODING_PRESETS: its knobs, unless set above (its length is max_new_tokens')
     allow_code_execution: bool = False
     code_timeout: float = 5.0
     warmup: bool = True
@@ -44,6 +45,8 @@ class EvalSettings:
 
     def refusion_kwargs(self) -> dict:
         kwargs = {"max_new_tokens": self.max_new_tokens, **sampling_arguments(self.temperature)}
+        if self.preset is not None:
+            kwargs["preset"] = self.preset
         for name in REFUSION_KNOBS:
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)

@@ -32,6 +32,7 @@ from .refusion_generation_config import (
     REFUSION_FIELDS,
     RefusionGenerationConfig,
     RefusionGenerationOutput,
+    preset_settings,
 )
 
 HONOURED = "honoured"
@@ -142,7 +143,10 @@ def refusion_generate(
 
     if config.decoding == "autoregressive":
         # ReFusion knobs mean nothing to left-to-right decoding; the prompt goes in positionally.
-        stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "input_ids", "attention_mask")}
+        dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
+        stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
+        if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
+            stock_kwargs["max_new_tokens"] = preset_settings(kwargs["preset"])["max_new_tokens"]
         if attention_mask is not None:
             stock_kwargs["attention_mask"] = attention_mask
         return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
@@ -215,6 +219,10 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     """Stock `GenerationMixin._prepare_generation_config`'s merge, into a `RefusionGenerationConfig`: the passed
     config (copied), then the model's generation config for every field still unset, then the defaults, then the
     keyword overrides. Returns the config and the keyword arguments that are not config fields."""
+    kwargs = dict(kwargs)
+    preset = kwargs.pop("preset", None)
+    if preset is not None:  # the preset's knobs stand in for keyword arguments; explicit ones win
+        kwargs = {**preset_settings(preset), **kwargs}
     base = RefusionGenerationConfig() if generation_config is None else generation_config
     config = copy.deepcopy(RefusionGenerationConfig.from_generation_config(base))
     if model.generation_config is not None:

@@ -33,6 +33,28 @@ REFUSION_FIELDS: dict[str, Any] = {
     "plan_ahead": True,
 }
 
+# The authors' per-task evaluation settings (their eval.sh: generation length 512, the canvas cut into N serial
+# blocks, so block_size = 512 / N). `generate(..., preset=NAME)`, `RefusionGenerationConfig.from_preset(NAME)`,
+# `refusion eval --preset`, `refusion lm-eval --model refusion --model_args preset=NAME`.
+DECODING_PRESETS: dict[str, dict[str, Any]] = {
+    "gsm8k_cot": dict(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.4),
+    "mbpp": dict(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.3),
+    "humaneval_instruct_noprefix": dict(slot_size=32, block_size=128, slot_threshold=0.9, token_threshold=0.4),
+    "minerva_math": dict(slot_size=32, block_size=64, slot_threshold=0.8, token_threshold=0.6),
+    "mmlu_pro": dict(slot_size=16, block_size=128, slot_threshold=0.9, token_threshold=0.4),
+    "gpqa_main_generative_n_shot": dict(slot_size=8, block_size=16, slot_threshold=0.8, token_threshold=0.2),
+    "arc_challenge_chat": dict(slot_size=8, block_size=8, slot_threshold=0.8, token_threshold=0.1),
+}
+PRESET_MAX_NEW_TOKENS = 512  # the authors' generation length for every preset
+
+
+def preset_settings(name: str) -> dict[str, Any]:
+    """The decoding knobs of a preset (with its generation length), or a `ValueError` listing the presets."""
+    if name not in DECODING_PRESETS:
+        raise ValueError(f"`preset` must be one of {sorted(DECODING_PRESETS)}, got {name!r}.")
+    return {**DECODING_PRESETS[name], "max_new_tokens": PRESET_MAX_NEW_TOKENS}
+
+
 # Tokens per serial block when `block_size` is unset: inside the 32-128 range the paper reports as robust
 # (appendix C.7), and fixed, so a step's cost does not grow with `max_new_tokens`.
 DEFAULT_BLOCK_SIZE = 128
@@ -83,6 +105,11 @@ class RefusionGenerationConfig(GenerationConfig):
         self.mask_token_id: int | None = kwargs.pop("mask_token_id", None)
         self.plan_ahead: bool | None = kwargs.pop("plan_ahead", None)
         super().__init__(**kwargs)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> RefusionGenerationConfig:
+        """A config with the authors' settings for a task (`DECODING_PRESETS`); keyword arguments override them."""
+        return cls(**{**preset_settings(name), **overrides})
 
     @staticmethod
     def _get_default_generation_params() -> dict[str, Any]:

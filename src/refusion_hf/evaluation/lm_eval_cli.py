@@ -1,0 +1,69 @@
+"""`refusion lm-eval ...`: lm-evaluation-harness's own CLI (every flag of `lm_eval run`), with the `refusion` model
+registered, and ReFusion's per-task speed figures added to the results JSON it writes.
+
+    refusion lm-eval --model refusion --model_args pretrained=DIR,preset=gsm8k_cot,dtype=float32 \\
+        --tasks gsm8k_cot --batch_size 8 --apply_chat_template --output_path out/ [--limit N --log_samples ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "lm-eval",
+        help="run lm-evaluation-harness (its flags) with the `refusion` model registered",
+        description=__doc__.split("\n\n")[0],
+        add_help=False,  # --help is lm-eval's
+    )
+    parser.set_defaults(func=run, accepts_extra_args=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lm_eval._cli import HarnessCLI
+
+    from . import lm_eval_model  # registers the `refusion` model
+
+    argv = list(getattr(args, "extra_args", []))
+    start = time.time()
+    saved_argv = sys.argv
+    sys.argv = ["lm-eval", *(argv if argv and argv[0] in ("run", "ls", "validate") else ["run", *argv])]
+    try:
+        cli = HarnessCLI()
+        cli.execute(cli.parse_args())
+    finally:
+        sys.argv = saved_argv
+    reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]
+    lm_eval_model.INSTANCES.clear()
+    if not reports:
+        return 0
+    report = reports[-1]
+    for task, stats in report["tasks"].items():
+        rate = stats["tokens_per_second"]
+        print(
+            f"[refusion] {task}: {stats['tokens']} tokens, {stats['forward_passes']} forward passes, "
+            f"{stats['tokens_per_forward'] or 0:.2f} tokens/forward, {rate or 0:.1f} tokens/s"
+        )
+    output = _option(argv, "--output_path", "-o")
+    if output is not None:
+        for results in Path(output).rglob("results_*.json"):
+            if results.stat().st_mtime >= start:
+                data = json.loads(results.read_text())
+                data["refusion_decoding"] = report
+                results.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return 0
+
+
+def _option(argv: list[str], *names: str) -> str | None:
+    for index, item in enumerate(argv):
+        for name in names:
+            if item == name and index + 1 < len(argv):
+                return argv[index + 1]
+            if item.startswith(name + "="):
+                return item.split("=", 1)[1]
+    return None

@@ -1,0 +1,92 @@
+"""`refusion`, an lm-evaluation-harness model: lm-eval's `HFLM` with ReFusion's decoding knobs and speed figures.
+
+lm-eval does the rest (`HFLM`): loading (`pretrained`, `dtype`, `trust_remote_code`), tokenization, left-padded
+batches, chat templates (`--apply_chat_template`, `chat_template_args`, `enable_thinking`, as the authors evaluate),
+stop sequences, tasks, filters and metrics. Added here:
+
+* model args `slot_size`, `block_size`, `slot_threshold`, `token_threshold`, `plan_ahead`, `decoding`, and
+  `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it);
+* per task, generated tokens, forward passes, tokens per forward and tokens/s of `generate_until`, written into the
+  results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`.
+
+Loglikelihood requests are scored with the causal forward (HFLM's own): the log-probability of each continuation
+token given everything before it, the quantity ReFusion's verification step uses. The authors' harness instead
+estimates a masked-diffusion likelihood by Monte-Carlo (mask random subsets of the continuation and average the
+weighted MDM loss over many draws): that is a bound on a different model of the sequence, costs dozens of forwards
+per request, and is not offered here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from ..generation.refusion_generate import eos_token_ids
+from ..generation.refusion_generation_config import preset_settings
+from .harness import answer_length
+
+INSTANCES: list[RefusionLM] = []  # what `refusion lm-eval` reads the speed figures from after lm-eval's run
+KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead", "decoding")
+
+
+@register_model("refusion")
+class RefusionLM(HFLM):
+    def __init__(self, pretrained, preset: str | None = None, **kwargs):
+        knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
+        kwargs.setdefault("trust_remote_code", True)
+        super().__init__(pretrained=pretrained, **kwargs)
+        INSTANCES.append(self)
+        preset_knobs = preset_settings(preset) if preset is not None else {}
+        preset_knobs.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
+        self.decoding_kwargs = {**preset_knobs, **knobs}
+        self.preset = preset
+        self.decoding_stats: dict[str, dict[str, float]] = defaultdict(
+            lambda: {"requests": 0, "tokens": 0, "forward_passes": 0, "seconds": 0.0}
+        )
+        self._task = None
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        """HFLM's, one task at a time (so each task's speed is measured on its own), answers in request order."""
+        by_task = defaultdict(list)
+        for index, request in enumerate(requests):
+            by_task[request.task_name].append(index)
+        answers = [None] * len(requests)
+        for task, indices in by_task.items():
+            self._task = task
+            start = time.perf_counter()
+            for index, answer in zip(indices, super().generate_until([requests[i] for i in indices], disable_tqdm)):
+                answers[index] = answer
+            stats = self.decoding_stats[task]
+            stats["seconds"] += time.perf_counter() - start
+            stats["requests"] += len(indices)
+        self._task = None
+        return answers
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        kwargs = {**self.decoding_kwargs, **generation_kwargs, "return_dict_in_generate": True}
+        output = super()._model_generate(context, max_length, stop, **kwargs)
+        new = output.sequences[:, context.shape[1] :]
+        if hasattr(output, "commit_step"):  # ReFusion: committed positions per row; forwards of the whole call
+            tokens, passes = int((output.commit_step >= 0).sum()), int(output.num_forward_passes)
+        else:  # decoding="autoregressive": one forward per generated position of the batch
+            eos = set(eos_token_ids(self.model.generation_config))
+            tokens = sum(answer_length(row.tolist(), eos) for row in new)
+            passes = new.shape[1]
+        stats = self.decoding_stats[self._task]
+        stats["tokens"] += tokens
+        stats["forward_passes"] += passes
+        return output.sequences
+
+    def decoding_report(self) -> dict:
+        """Per task: requests, generated tokens, forward passes, tokens per forward, tokens/s; and the knobs."""
+        tasks = {}
+        for task, stats in self.decoding_stats.items():
+            tasks[task] = {
+                **stats,
+                "tokens_per_forward": stats["tokens"] / stats["forward_passes"] if stats["forward_passes"] else None,
+                "tokens_per_second": stats["tokens"] / stats["seconds"] if stats["seconds"] else None,
+            }
+        return {"preset": self.preset, "settings": self.decoding_kwargs, "tasks": tasks}
