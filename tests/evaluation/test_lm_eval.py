@@ -104,3 +104,27 @@ def test_refusion_lm_eval_with_a_preset_writes_speed_into_the_results(task_dir, 
         for stop in [*UNTIL, tokenizer.decode([model.generation_config.eos_token_id])]:
             text = text.split(stop)[0]
         assert sample["resps"][0][0] == text
+
+
+def test_the_synthetic_suite_ships_as_an_lm_eval_task(tmp_path, capsys):
+    """`refusion lm-eval --tasks refusion_synthetic` scores the problems `refusion eval --suite synthetic` draws,
+    with the same checks: the same answers and verdicts as `generate()` on the chat-templated prompts."""
+    from refusion_hf.cli import main
+    from refusion_hf.evaluation.lm_eval_tasks.synthetic_suite import is_correct, load
+    from refusion_hf.generation.cli import encode_prompt
+
+    out = tmp_path / "out"
+    argv = ["lm-eval", "--model", "refusion", "--model_args", f"pretrained={default_model_path()},dtype=float32",
+            "--tasks", "refusion_synthetic", "--metadata", '{"seed": 7, "num_problems": 5}', "--apply_chat_template",
+            "--batch_size", "2", "--log_samples", "--output_path", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (samples,) = out.rglob("samples_refusion_synthetic_*.jsonl")
+    samples = {s["doc_id"]: s for s in map(json.loads, samples.read_text().splitlines())}
+    docs = load(seed=7, num_problems=5)["test"]
+    assert len(samples) == 5
+    model, tokenizer = load_model_and_tokenizer(str(default_model_path()), "float32")
+    for index, doc in enumerate(docs):
+        ids = encode_prompt(tokenizer, doc["prompt"])
+        answer = tokenizer.decode(model.generate(ids, max_new_tokens=64)[0, ids.shape[1] :], skip_special_tokens=True)
+        assert samples[index]["resps"][0][0] == answer
+        assert samples[index]["exact_match"] == float(is_correct(doc["family"], answer, doc["target"]))

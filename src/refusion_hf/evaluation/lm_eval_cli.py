@@ -1,5 +1,6 @@
 """`refusion lm-eval ...`: lm-evaluation-harness's own CLI (every flag of `lm_eval run`), with the `refusion` model
-registered, and ReFusion's per-task speed figures added to the results JSON it writes.
+registered, the package's own tasks (`refusion_synthetic`: the seeded synthetic suite) on the task path, and
+ReFusion's per-task speed figures added to the results JSON it writes.
 
     refusion lm-eval --model refusion --model_args pretrained=DIR,preset=gsm8k_cot,dtype=float32 \\
         --tasks gsm8k_cot --batch_size 8 --apply_chat_template --output_path out/ [--limit N --log_samples ...]
@@ -12,6 +13,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")  # lm-eval task files shipped with the package
 
 
 def register(subparsers) -> None:
@@ -30,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from . import lm_eval_model  # registers the `refusion` model
 
     argv = list(getattr(args, "extra_args", []))
+    if argv and argv[0] not in ("ls", "validate"):  # the package's own tasks (refusion_synthetic) are known too
+        argv = [*argv, "--include_path", str(TASKS_DIR)] if "--include_path" not in argv else argv
     start = time.time()
     saved_argv = sys.argv
     sys.argv = ["lm-eval", *(argv if argv and argv[0] in ("run", "ls", "validate") else ["run", *argv])]
