@@ -183,9 +183,10 @@ class SequenceDecoder:
     def _is_eos(self, tokens: torch.Tensor) -> torch.BoolTensor:
         return torch.isin(tokens, self.eos_ids)
 
-    def _scores(self, logits: torch.Tensor, positions: torch.LongTensor) -> torch.Tensor:
-        """Constrained scores of logits rows that predict the tokens at original `positions` [n]."""
-        offsets = positions - self.prompt_length if self.policy.positional else None
+    def _scores(self, logits: torch.Tensor, predicted_positions) -> torch.Tensor:
+        """Constrained scores of logits rows; `predicted_positions()` gives the original position [n] each row
+        predicts (only called when a positional constraint needs it: off the hot path otherwise)."""
+        offsets = predicted_positions() - self.prompt_length if self.policy.positional else None
         return self.policy.scores(logits, offsets)
 
     @staticmethod
@@ -340,7 +341,7 @@ class SequenceDecoder:
         num_context = self._num_context()
         self.context = None
         self.step += 1
-        scores = self._scores(logits, self._slot_positions(self.pool))  # a masked position predicts itself
+        scores = self._scores(logits, lambda: self._slot_positions(self.pool))  # a mask predicts itself
         drafts = self.policy.draw(scores)  # [len(pool)*k]
         draft_probs = self.policy.probs(scores).gather(-1, drafts[:, None]).squeeze(-1)
         scores = draft_probs.view(-1, k)[:, 0]  # [len(pool)] probability of each slot's first draft
@@ -363,7 +364,7 @@ class SequenceDecoder:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         flat = chosen.tokens.flatten()  # [n*k]
-        scores = self._scores(logits, self._next_positions(self._slot_positions(chosen.slots)))
+        scores = self._scores(logits, lambda: self._next_positions(self._slot_positions(chosen.slots)))
         confidence = next_token_probs(self.policy.probs(scores), flat).view(n, k)
         confidence[:, 0] = chosen.scores  # a slot's first token keeps its planning score
         accepted = confidence > self.settings.token_threshold
@@ -393,7 +394,7 @@ class SequenceDecoder:
         k, chosen = self.settings.slot_size, self.chosen
         unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
         # [unfinished*k]: each masked position predicts itself
-        scores = self._scores(logits, self._slot_positions([chosen.slots[i] for i in unfinished]))
+        scores = self._scores(logits, lambda: self._slot_positions([chosen.slots[i] for i in unfinished]))
         proposals = self.policy.draw(scores)
         # [unfinished, k]; only planning ahead reads the draft probabilities
         probs = (
@@ -411,7 +412,7 @@ class SequenceDecoder:
     def _infill_verify(self, logits: torch.Tensor) -> torch.LongTensor:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
-        scores = self._scores(logits, self._slot_positions(chosen.slots) + 1)  # within a slot, row j scores j + 1
+        scores = self._scores(logits, lambda: self._slot_positions(chosen.slots) + 1)  # row j scores j + 1
         confidence = next_token_probs(self.policy.probs(scores).view(n, k, -1), chosen.tokens)  # [n, k]
         already = torch.tensor(chosen.verified, device=self.device)
         # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
