@@ -1,5 +1,5 @@
 """An independent checker of `RefusionDataCollator` batches: it rebuilds every row's meaning from the output
-alone (DESIGN §2) and asserts each invariant, so tests never compare the collator with itself."""
+alone (docs/design.md §2) and asserts each invariant, so tests never compare the collator with itself."""
 
 from __future__ import annotations
 

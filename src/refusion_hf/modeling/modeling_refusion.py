@@ -7,7 +7,7 @@ The network is exactly transformers' Qwen3 (subclassed, not copied). Three thing
 * `forward()` always passes an explicit attention mask. Without one, transformers >= 5 treats non-monotonic
   `position_ids` (ReFusion's permuted slots) as packed sequences and silently cuts attention at every position
   jump. Building an all-ones mask when none is given makes that impossible.
-* `forward(..., labels, mdm_weights)` computes the ReFusion training loss (`refusion_loss.py`, DESIGN §2) when
+* `forward(..., labels, mdm_weights)` computes the ReFusion training loss (`refusion_loss.py`, docs/design.md §2) when
   `mdm_weights` (built by `RefusionDataCollator`) is given: `labels` are then the collator's unshifted targets and
   the output carries `loss = ar_loss + mdm_loss` and both parts. Without `mdm_weights`, `labels` keep their stock
   meaning (shifted causal-LM loss), so the model also trains as a plain autoregressive LM.

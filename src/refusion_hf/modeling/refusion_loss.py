@@ -1,6 +1,6 @@
 """ReFusion's hybrid training loss: autoregressive CE on clean slots + masked-diffusion CE on masked slots.
 
-The inputs are the fields `RefusionDataCollator` builds (DESIGN §2):
+The inputs are the fields `RefusionDataCollator` builds (docs/design.md §2):
 
 * `labels` `[B, T]`, *not shifted*: `labels[b, i]` is the target of the logits at buffer position i, -100 where
   there is none. In a clean slot that target is the next token of the same slot (the slot's last token has none);

@@ -1,4 +1,4 @@
-"""`RefusionDataCollator`: ReFusion's slot permutation and masking, done in the data pipeline (DESIGN §2).
+"""`RefusionDataCollator`: ReFusion's slot permutation and masking, done in the data pipeline (docs/design.md §2).
 
 The authors permute and mask inside the model's `forward`; doing it here keeps the model a plain causal LM, so the
 stock `Trainer`, `accelerate` launches, PEFT and gradient checkpointing work unchanged.

@@ -1,4 +1,4 @@
-"""ReFusion plan-and-infill decoding (DESIGN.md section 3), for left-padded batches.
+"""ReFusion plan-and-infill decoding (docs/design.md §3), for left-padded batches.
 
 Each sequence is a `SequenceDecoder`: an explicit state machine over the stages
 
