@@ -1,4 +1,5 @@
-"""`RefusionDataCollator`: every invariant of docs/design.md §2 on random batches, reproducibility, independence, errors."""
+"""`RefusionDataCollator`: every invariant of docs/design.md §2 on random batches, reproducibility, independence,
+errors."""
 
 import numpy as np
 import pytest
