@@ -8,6 +8,7 @@ error and keeps its traceback. Outputs are checked before any long work starts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tempfile
 from pathlib import Path
@@ -17,6 +18,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 class CommandError(ValueError):
     """A user error of a `refusion` command; its message names the input and what to do instead."""
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """The packages a command needs beyond the core install must be there, else one line naming the extra."""
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        raise CommandError(
+            f"this needs the `{extra}` extra ({', '.join(missing)} not installed): pip install 'refusion_hf[{extra}]'."
+        )
 
 
 def first_line(error: BaseException) -> str:

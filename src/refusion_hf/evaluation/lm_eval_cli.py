@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..command_inputs import require_extra
+
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")  # lm-eval task files shipped with the package
 
 
@@ -28,6 +30,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("eval", "lm_eval")
     from lm_eval._cli import HarnessCLI
 
     from . import lm_eval_model  # registers the `refusion` model

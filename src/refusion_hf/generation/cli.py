@@ -18,6 +18,7 @@ from ..command_inputs import (
     check_output_file,
     check_tokenizer_files,
     first_line,
+    require_extra,
 )
 from .refusion_generation_config import sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
@@ -141,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         if Path(args.trace_out).suffix not in (".html", ".png"):
             raise CommandError(f"--trace-out must end in .html or .png, got {Path(args.trace_out).name!r}.")
         check_output_file(args.trace_out, "--trace-out")
+        if Path(args.trace_out).suffix == ".png":
+            require_extra("viz", "matplotlib")
     model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
     input_ids = encode_prompt(tokenizer, args.prompt)
     overrides = _overrides(args)

@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, HfArgumentParser, TrainingArguments, set_seed
-from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..command_inputs import (
@@ -35,11 +34,11 @@ from ..command_inputs import (
     check_tokenizer_files,
     check_tokenizer_fits,
     first_line,
+    require_extra,
 )
 from ..modeling import RefusionForCausalLM
 from .collator import DEFAULT_EPS, DEFAULT_SLOT_SIZES, RefusionDataCollator
 from .data import DEFAULT_MAX_LENGTH, load_sft_dataset
-from .trainer import RefusionTrainer
 
 DEFAULT_LORA_TARGET_MODULES = "q_proj,k_proj,v_proj,o_proj"
 
@@ -151,6 +150,8 @@ def resolve_checkpoint(value: str | None, output_dir: str, needs_optimizer: bool
 
 def checkpoint_problem(folder: Path, needs_optimizer: bool = True) -> str | None:
     """Why `folder` is not a complete Trainer checkpoint (None when it is): the files a save writes, each whole."""
+    from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+
     state = folder / TRAINER_STATE_NAME
     try:
         json.loads(state.read_text())
@@ -213,6 +214,9 @@ def load_model(model_path: str, training_args: TrainingArguments, args: argparse
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extra("train", "accelerate", *(["peft"] if args.lora else []))
+    from .trainer import RefusionTrainer
+
     slot_sizes = parse_slot_sizes(args.slot_sizes)
     if args.packing_length is not None and args.packing_length < 1:
         raise CommandError(f"--packing-length must be a positive number of tokens, got {args.packing_length}.")
