@@ -60,6 +60,8 @@ CASES = {
     "generate bad trace format": lambda bad, out: _generate_good(bad, "--trace-out", f"{out}.svg"),
     "generate unwritable trace": lambda bad, out: _generate_good(bad, "--trace-out", f"{UNWRITABLE}.png"),
     "generate bad dtype": lambda bad, out: _generate(bad, "--dtype", "float16"),
+    "generate negative temperature": lambda bad, out: _generate_good(bad, "--temperature", "-1"),
+    "generate empty prompt": lambda bad, out: ["generate", "", "--model", str(bad["good"]), "--no-compare"],
     "generate unknown flag": lambda bad, out: _generate(bad, "--bogus"),
     "eval unwritable json": lambda bad, out: ["eval", "--limit", "1", "--json", f"{UNWRITABLE}.json"],
     "eval missing model": lambda bad, out: ["eval", "--limit", "1", "--model", str(bad["root"] / "missing")],

@@ -8,6 +8,7 @@ error and keeps its traceback. Outputs are checked before any long work starts.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import tempfile
@@ -18,6 +19,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 class CommandError(ValueError):
     """A user error of a `refusion` command; its message names the input and what to do instead."""
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number >= 0 (NaN refused), named in argparse's one-line error otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
 
 
 def require_extra(extra: str, *modules: str) -> None:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..checkpoint_identity import weights_sha256
-from ..command_inputs import CommandError, check_output_file, require_extra
+from ..command_inputs import CommandError, check_output_file, non_negative_float, require_extra
 from ..generation.cli import add_dtype_argument
 from ..generation.refusion_generation_config import DECODING_PRESETS
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
@@ -32,16 +32,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
     return value
 
 
@@ -104,8 +94,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--slot-size", type=_positive_int, default=None)
     parser.add_argument("--block-size", type=_positive_int, default=None)
-    parser.add_argument("--slot-threshold", type=_non_negative_float, default=None)
-    parser.add_argument("--token-threshold", type=_non_negative_float, default=None)
+    parser.add_argument("--slot-threshold", type=non_negative_float, default=None)
+    parser.add_argument("--token-threshold", type=non_negative_float, default=None)
     parser.add_argument(
         "--plan-ahead",
         action=argparse.BooleanOptionalAction,
@@ -113,7 +103,7 @@ def register(subparsers) -> None:
         help="run the next plan inside verification forwards (default: the model's generation config, normally "
         "on); --no-plan-ahead gives the authors' forward count",
     )
-    parser.add_argument("--temperature", type=_non_negative_float, default=None, help="0 (default) is greedy")
+    parser.add_argument("--temperature", type=non_negative_float, default=None, help="0 (default) is greedy")
     parser.add_argument(
         "--decodings",
         type=_decodings,
@@ -142,7 +132,7 @@ def register(subparsers) -> None:
         help=f"run generated code (sandboxed) to score code problems; or set {ALLOW_ENV_VAR}=1. Without it, "
         "--suite synthetic leaves out its code family and --suite humaneval/mbpp refuse to run",
     )
-    parser.add_argument("--code-timeout", type=_non_negative_float, default=5.0, help="seconds per code problem")
+    parser.add_argument("--code-timeout", type=non_negative_float, default=5.0, help="seconds per code problem")
     parser.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the full results here")
     parser.set_defaults(func=run)
 

@@ -18,6 +18,7 @@ from ..command_inputs import (
     check_output_file,
     check_tokenizer_files,
     first_line,
+    non_negative_float,
     require_extra,
 )
 from .refusion_generation_config import sampling_arguments
@@ -105,7 +106,10 @@ def register(subparsers) -> None:
     parser.add_argument("--slot-threshold", type=float, default=None)
     parser.add_argument("--token-threshold", type=float, default=None)
     parser.add_argument(
-        "--temperature", type=float, default=None, help="sample at this temperature (do_sample=True); 0 is greedy"
+        "--temperature",
+        type=non_negative_float,
+        default=None,
+        help="sample at this temperature (do_sample=True); 0 is greedy",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
     add_dtype_argument(parser)
@@ -151,9 +155,11 @@ def run(args: argparse.Namespace) -> int:
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad_token_id = model.generation_config.pad_token_id
 
+    if input_ids.shape[1] == 0:
+        raise CommandError("the prompt encodes to no tokens; give a non-empty prompt.")
     # Warm both decoders up (first calls pay one-off costs) so the tokens/s below compare like with like.
-    model.generate(input_ids, max_new_tokens=4, slot_size=2)
-    model.generate(input_ids, max_new_tokens=4, decoding="autoregressive")
+    _timed_generate(model, input_ids, max_new_tokens=4, slot_size=2)
+    _timed_generate(model, input_ids, max_new_tokens=4, decoding="autoregressive")
 
     print("ReFusion:")
     torch.manual_seed(args.seed)
