@@ -62,15 +62,18 @@ def test_synthetic_end_to_end_with_code_execution(tmp_path, capsys):
     assert settings["refusion_decoding"]["slot_size"] == 4
     assert settings["refusion_decoding"]["mask_token_id"] == 3
     assert settings["allow_code_execution"] is True
+    assert settings["code_sandbox"]["tool"].startswith("bubblewrap"), "the isolation used is recorded"
     assert settings["torch_threads"] == 1  # the package fixture's setting, recorded
     assert settings["timing_repeats"] == 1
     families = [entry["family"] for entry in results["problems"]]
     assert families == ["arithmetic", "code", "listing", "arithmetic", "code"]
     code = [entry for entry in results["problems"] if entry["family"] == "code"]
     assert all(entry["refusion"]["detail"].startswith("failed") for entry in code)  # noise does not pass asserts
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "| decoding | accuracy | tokens/s | tokens/forward |" in printed
     assert "| refusion |" in printed and "| autoregressive |" in printed
+    assert "generated code runs in: bubblewrap" in captured.err, "... and printed"
 
 
 @pytest.fixture

@@ -270,8 +270,11 @@ def test_killed_as_a_whole():
 
 def test_limits():
     assert run("while True:\n    pass\n", timeout=1).status == "timed out"
-    assert "MemoryError" in run("x = bytearray(8 * 1024 ** 3)", memory_limit_mb=256).detail
+    memory = attack("x = bytearray(512 * 1024 ** 2)\nprint('ESCAPED')", memory_limit_mb=256)
+    assert "MemoryError" in memory.detail
     assert run("x = bytearray(50 * 1024 ** 2)\nassert len(x) > 0").passed
+    output = attack("import sys\nsys.stdout.write('x' * 5_000_000)\nsys.stdout.flush()\nprint('ESCAPED')")
+    assert "File too large" in output.detail
     forks = attack(
         """
         import os, time
