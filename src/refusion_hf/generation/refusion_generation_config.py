@@ -160,9 +160,9 @@ class RefusionGenerationConfig(GenerationConfig):
             value = getattr(self, name)
             if value is not None and not low <= value <= high:
                 raise ValueError(f"`{name}` must be in [{low}, {high}], got {value!r}.")
-        for name in ("top_k", "max_time"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)!r}.")
+        for name, low in _LOWER_BOUNDS.items():
+            if getattr(self, name, None) is not None and getattr(self, name) < low:
+                raise ValueError(f"`{name}` must be >= {low}, got {getattr(self, name)!r}.")
         for name in ("slot_threshold", "token_threshold"):
             value = getattr(self, name)
             if value is not None and (math.isnan(value) or value < 0):
@@ -196,6 +196,11 @@ _BOOLEAN_FIELDS = (
 )  # fmt: skip
 _TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "mask_token_id", "forced_bos_token_id", "forced_eos_token_id")
 _TOKEN_LIST_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
+# Lower bounds that stock validation leaves unchecked (a negative count reaches a tensor op as a RuntimeError).
+_LOWER_BOUNDS = {
+    "top_k": 0, "max_time": 0, "num_return_sequences": 1, "num_beams": 1, "max_length": 1, "min_length": 0,
+    "min_new_tokens": 0, "no_repeat_ngram_size": 0, "prompt_lookup_num_tokens": 0,
+}  # fmt: skip
 _PROBABILITY_FIELDS = (
     ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0), ("top_h", 0.0, 1.0), ("typical_p", 0.0, 1.0),
     ("epsilon_cutoff", 0.0, 1.0), ("eta_cutoff", 0.0, 1.0),

@@ -219,7 +219,8 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     """Stock `GenerationMixin._prepare_generation_config`'s merge, into a `RefusionGenerationConfig`: the passed
     config (copied), then the model's generation config for every field still unset, then the defaults, then the
     keyword overrides. Returns the config and the keyword arguments that are not config fields."""
-    kwargs = dict(kwargs)
+    # A ReFusion knob given as None is unset (the model's value, else the default applies), as in the config.
+    kwargs = {k: v for k, v in kwargs.items() if not (k in REFUSION_FIELDS and v is None)}
     preset = kwargs.pop("preset", None)
     if preset is not None:  # the preset's knobs stand in for keyword arguments; explicit ones win
         kwargs = {**preset_settings(preset), **kwargs}
