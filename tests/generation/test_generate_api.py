@@ -146,7 +146,7 @@ def test_passed_plain_config_keeps_the_models_fields_it_leaves_unset(tmp_path, f
         merged = model.generate(PROMPT, generation_config=config, return_dict_in_generate=True)
         assert torch.equal(merged.sequences, tuned.sequences)
         assert merged.chosen_slots == tuned.chosen_slots
-    class_defaults = model.generate(PROMPT, max_new_tokens=32, slot_size=32, block_size=None, slot_threshold=0.9,
+    class_defaults = model.generate(PROMPT, max_new_tokens=32, slot_size=32, block_size=128, slot_threshold=0.9,
                                     token_threshold=0.4, return_dict_in_generate=True)  # fmt: skip
     assert class_defaults.chosen_slots != tuned.chosen_slots, "the settings do matter here"
 

@@ -155,6 +155,11 @@ class RefusionGenerationConfig(GenerationConfig):
             )
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"`temperature` must be >= 0, got {self.temperature!r}.")
+        if self.do_sample and self.temperature is not None and 0 < self.temperature < MIN_SAMPLING_TEMPERATURE:
+            raise ValueError(
+                f"`temperature` {self.temperature!r} is too small to sample at (the scaled logits overflow); pass "
+                "`do_sample=False` for greedy decoding, the limit of sampling as the temperature goes to 0."
+            )
         # Ranges the stock warpers check only when they are built (and stock skips building some, e.g. top_p > 1).
         for name, low, high in _PROBABILITY_FIELDS:
             value = getattr(self, name)
@@ -196,6 +201,8 @@ _BOOLEAN_FIELDS = (
 )  # fmt: skip
 _TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "mask_token_id", "forced_bos_token_id", "forced_eos_token_id")
 _TOKEN_LIST_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
+MIN_SAMPLING_TEMPERATURE = 1e-4
+
 # Lower bounds that stock validation leaves unchecked (a negative count reaches a tensor op as a RuntimeError).
 _LOWER_BOUNDS = {
     "top_k": 0, "max_time": 0, "num_return_sequences": 1, "num_beams": 1, "max_length": 1, "min_length": 0,
