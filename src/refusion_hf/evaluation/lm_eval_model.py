@@ -7,7 +7,8 @@ stop sequences, tasks, filters and metrics. Added here:
 * model args `slot_size`, `block_size`, `slot_threshold`, `token_threshold`, `plan_ahead`, `decoding`, and
   `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it);
 * per task, generated tokens, forward passes, tokens per forward and tokens/s of `generate_until`, written into the
-  results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`.
+  results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`. With
+  batches, a forward serves every row: tokens per forward is then the batch's generated tokens per batched forward.
 
 Loglikelihood requests are scored with the causal forward (HFLM's own): the log-probability of each continuation
 token given everything before it, the quantity ReFusion's verification step uses. The authors' harness instead
