@@ -219,8 +219,7 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     """Stock `GenerationMixin._prepare_generation_config`'s merge, into a `RefusionGenerationConfig`: the passed
     config (copied), then the model's generation config for every field still unset, then the defaults, then the
     keyword overrides. Returns the config and the keyword arguments that are not config fields."""
-    # A ReFusion knob given as None is unset (the model's value, else the default applies), as in the config.
-    kwargs = {k: v for k, v in kwargs.items() if not (k in REFUSION_FIELDS and v is None)}
+    kwargs = dict(kwargs)
     preset = kwargs.pop("preset", None)
     if preset is not None:  # the preset's knobs stand in for keyword arguments; explicit ones win
         kwargs = {**preset_settings(preset), **kwargs}
@@ -236,6 +235,9 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
         config.update(**defaults, defaults_only=True, allow_custom_entries=True)
     config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)
     model_kwargs = config.update(**kwargs)
+    # As in stock generate, a keyword given as None overrides with None; a ReFusion knob that None leaves without a
+    # value gets its default (block_size None *is* its default: 128 rounded to the slot size).
+    config.update(**{k: v for k, v in REFUSION_FIELDS.items() if v is not None}, defaults_only=True)
     if config.mask_token_id is None:
         config.mask_token_id = getattr(model.config, "mask_token_id", None)
     if config.eos_token_id is None:
