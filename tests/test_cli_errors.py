@@ -103,4 +103,4 @@ def test_tokenizer_less_folders_are_refused_before_anything_is_written(bad, tmp_
     out = tmp_path / "converted"
     assert main(["convert", "--base", str(bad["notokenizer"]), "--out", str(out)]) == 2
     assert "no tokenizer files" in capsys.readouterr().err
-    assert not any(out.iterdir()) if out.exists() else True
+    assert not out.exists() or not any(out.iterdir()), "nothing written"

@@ -47,7 +47,7 @@ ARGUMENT_SUPPORT: dict[str, str] = {
             "do_sample", "temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff",
             "eta_cutoff", "bad_words_ids", "sequence_bias", "suppress_tokens", "begin_suppress_tokens",
             "renormalize_logits", "remove_invalid_values", "num_return_sequences", "return_dict_in_generate",
-            "pad_token_id", "bos_token_id", "eos_token_id", "use_cache", "output_attentions", "output_hidden_states",
+            "pad_token_id", "bos_token_id", "eos_token_id",
         ),
         HONOURED,
     ),
@@ -83,6 +83,9 @@ ARGUMENT_SUPPORT: dict[str, str] = {
     "token_healing": "it rewrites the prompt's last token, which ReFusion's cache has already committed",
     "guidance_scale": "classifier-free guidance needs a second, unconditional decode",
     "watermarking_config": "watermarks are seeded by the previous token",
+    "use_cache": "it reuses the KV cache of every committed token by design",
+    "output_attentions": "its forwards score drafts, not the answer",
+    "output_hidden_states": "its forwards score drafts, not the answer",
     "output_scores": "ReFusion scores several positions per step, not one per token",
     "output_logits": "ReFusion scores several positions per step, not one per token",
 }  # fmt: skip
@@ -257,17 +260,6 @@ def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, sto
         value = getattr(config, name, None)
         if support not in (HONOURED, INERT) and not _is_neutral(name, value):
             raise ValueError(f"`{name}={value!r}` is not supported by ReFusion decoding ({support}); {_REFUSE_SUFFIX}")
-    if config.use_cache is False:
-        raise ValueError(
-            f"`use_cache=False` is not supported by ReFusion decoding (it reuses the KV cache of every "
-            f"committed token by design); {_REFUSE_SUFFIX}"
-        )
-    for name in ("output_attentions", "output_hidden_states"):
-        if getattr(config, name):
-            raise ValueError(
-                f"`{name}=True` is not supported by ReFusion decoding (its forwards score drafts, "
-                f"not the answer); {_REFUSE_SUFFIX}"
-            )
     for name, lengths in (("bad_words_ids", config.bad_words_ids), ("sequence_bias", config.sequence_bias)):
         if lengths is not None:
             words = lengths if name == "bad_words_ids" else _sequence_bias_keys(lengths)
