@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from transformers import AutoTokenizer
 
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.evaluation.harness import EvalSettings, evaluate_decodings
-from refusion_hf.evaluation.suites import synthetic_problems
+from refusion_hf.evaluation.tasks import load_task
 from refusion_hf.generation.cli import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,15 +53,17 @@ def main() -> None:
     if args.replot:
         return replot(Path(args.out))
     torch.set_num_threads(1)
-    problems = synthetic_problems(seed=args.seed, limit=args.limit)  # all three families; code runs sandboxed
-    results: dict = {"seed": args.seed, "problems": len(problems), "runs": []}
+    os.environ["HF_ALLOW_CODE_EVAL"] = "1"  # all three families; the code runs sandboxed
+    metadata = {"seed": args.seed, "num_problems": args.limit, "families": ["arithmetic", "code", "listing"]}
+    task = load_task("refusion_synthetic", metadata=metadata)
+    results: dict = {"seed": args.seed, "problems": args.limit, "runs": []}
 
     model_dir = args.model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = RefusionForCausalLM.from_pretrained(model_dir).eval()  # the checkpoint's dtype
     results["dtype"] = str(model.dtype).removeprefix("torch.")
     if args.ar_baseline != "none":
-        results["ar_baseline_model"] = evaluate_ar_baseline(Path(args.ar_baseline), problems, args, model.dtype)
+        results["ar_baseline_model"] = evaluate_ar_baseline(Path(args.ar_baseline), task, args, model.dtype)
         print(json.dumps({"ar_baseline_model": results["ar_baseline_model"]}), flush=True)
     for slot_size, plan_ahead in CURVES:
         for slot_threshold, token_threshold in THRESHOLDS:
@@ -72,9 +75,8 @@ def main() -> None:
                 token_threshold=token_threshold,
                 plan_ahead=plan_ahead,
                 seed=args.seed,
-                allow_code_execution=True,
             )
-            result = evaluate_decodings(model, tokenizer, problems, settings)
+            result = evaluate_decodings(model, tokenizer, task, settings)
             run = {
                 "slot_size": slot_size,
                 "slot_threshold": slot_threshold,
@@ -96,7 +98,7 @@ def replot(json_path: Path) -> None:
     plot(json.loads(json_path.read_text()), json_path.with_suffix(".png"))
 
 
-def evaluate_ar_baseline(folder: Path, problems, args, dtype: torch.dtype) -> dict:
+def evaluate_ar_baseline(folder: Path, task, args, dtype: torch.dtype) -> dict:
     if not (folder / "model.safetensors").exists():
         raise SystemExit(
             f"no AR baseline model in {folder}: run benchmarks/train_default_model.py (its ar_continued stage) or "
@@ -105,8 +107,8 @@ def evaluate_ar_baseline(folder: Path, problems, args, dtype: torch.dtype) -> di
     tokenizer = AutoTokenizer.from_pretrained(folder)
     # A plain Qwen3 checkpoint loads as is; same dtype as the ReFusion model.
     model = RefusionForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    settings = EvalSettings(max_new_tokens=args.max_new_tokens, seed=args.seed, allow_code_execution=True)
-    result = evaluate_decodings(model, tokenizer, problems, settings, decodings=("autoregressive",))
+    settings = EvalSettings(max_new_tokens=args.max_new_tokens, seed=args.seed)
+    result = evaluate_decodings(model, tokenizer, task, settings, decodings=("autoregressive",))
     return {"model": str(folder), **summary(result, "autoregressive")}
 
 

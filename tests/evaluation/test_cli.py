@@ -68,7 +68,7 @@ def test_synthetic_end_to_end_with_code_execution(tmp_path, capsys):
     families = [entry["family"] for entry in results["problems"]]
     assert families == ["arithmetic", "code", "listing", "arithmetic", "code"]
     code = [entry for entry in results["problems"] if entry["family"] == "code"]
-    assert all(entry["refusion"]["detail"].startswith("failed") for entry in code)  # noise does not pass asserts
+    assert code and not any(entry["refusion"]["correct"] for entry in code)  # noise does not pass asserts
     captured = capsys.readouterr()
     printed = captured.out
     assert "| decoding | accuracy | tokens/s | tokens/forward |" in printed
@@ -164,8 +164,10 @@ def test_gsm8k_from_a_local_file(tmp_path):
         torch.set_num_threads(1)
     check_consistent(results, 2)
     assert results["settings"]["torch_threads"] == 2
-    assert [entry["prompt"] for entry in results["problems"]] == [rows[0]["question"], rows[1]["question"]]
-    assert results["refusion"]["per_family"]["arithmetic"]["num_problems"] == 2
+    assert [rows[i]["question"] in entry["prompt"] for i, entry in enumerate(results["problems"])] == [True, True]
+    assert results["refusion"]["per_family"]["gsm8k_cot"]["num_problems"] == 2
+    assert results["settings"]["lm_eval_task"] == "gsm8k_cot"
+    assert set(results["refusion"]["lm_eval_metrics"]) == {"exact_match,strict-match", "exact_match,flexible-extract"}
     assert results["settings"]["data_file"] == str(data)
 
 
@@ -175,14 +177,14 @@ def test_mbpp_from_a_local_file(tmp_path):
         "task_id": 11,
         "text": "Write a function to add two numbers.",
         "code": "def add(a, b):\n    return a + b",
-        "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+        "test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"],
         "test_setup_code": "",
     }
     data.write_text(json.dumps(row) + "\n")
     results = run_eval(tmp_path, "--suite", "mbpp", "--data-file", str(data), "--allow-code-execution")
     check_consistent(results, 1)
     entry = results["problems"][0]
-    assert entry["id"] == "mbpp/11"
+    assert entry["id"] == "11"
     assert "assert add(1, 2) == 3" in entry["prompt"] and entry["reference"].startswith("assert add(1, 2) == 3")
 
 
@@ -201,7 +203,6 @@ def test_humaneval_from_the_installed_package(tmp_path):
         (["--batch-size", "-2"], "--batch-size: expected an integer >= 1"),
         (["--slot-threshold", "-1"], "--slot-threshold: expected a number >= 0"),
         (["--families", "poems"], "--families: expected a comma-separated subset"),
-        (["--suite", "squad"], "--suite: invalid choice"),
         (["--decodings", "refusion,beam"], "--decodings: expected a comma-separated subset"),
     ],
 )
@@ -215,7 +216,9 @@ def test_bad_arguments_name_the_option(args, message, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--data-file", "x.jsonl"], "--data-file is for --suite gsm8k or mbpp"),
+        (["--data-file", "x.jsonl"], "--data-file is for public tasks"),
+        (["--suite", "squad"], "unknown lm-eval task 'squad'"),
+        (["--suite", "hellaswag"], "is a multiple_choice task: refusion eval compares generation"),
         (["--suite", "gsm8k", "--data-file", "/nonexistent/gsm8k.jsonl"], "does not exist"),
         (["--suite", "gsm8k", "--data-file", __file__], "unsupported file type '.py'"),
         (["--suite", "gsm8k", "--families", "listing"], "apply to --suite synthetic only"),

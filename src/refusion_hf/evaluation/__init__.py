@@ -1,7 +1,8 @@
-"""Evaluation: the seeded synthetic task suite, local `evaluate` metrics (numeric match, sandboxed pass@1, listing
-match, throughput) and the `refusion eval` command (ReFusion vs autoregressive decoding of the same weights).
+"""Evaluation on lm-evaluation-harness: the seeded synthetic task suite (shipped as the lm-eval task
+`refusion_synthetic`), the registered lm-eval model `refusion`, lm-eval's code metric run in the bubblewrap sandbox,
+`refusion eval` (ReFusion vs autoregressive decoding of the same weights, side by side) and `refusion lm-eval`.
 
-Only the standard-library parts are imported here; the harness (torch) and metrics (evaluate) load on use.
+Only the standard-library parts are imported here; the harness (torch, lm-eval) loads on use.
 """
 
 from .synthetic_tasks import FAMILIES, SPLITS, SyntheticProblem, generate_problem, generate_problems, write_jsonl

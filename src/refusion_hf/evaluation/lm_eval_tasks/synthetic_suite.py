@@ -1,19 +1,26 @@
-"""Data and scoring of the `refusion_synthetic` lm-eval task: the problems `refusion eval --suite synthetic` draws
-(`synthetic_tasks.generate_problems`, test split) and the same answer checks (numeric `#### N` extraction,
-line-by-line listing match)."""
+"""Data and scoring of the `refusion_synthetic` lm-eval task: the seeded synthetic suite
+(`synthetic_tasks.generate_problems`) and its answer checks: numeric `#### N` extraction (arithmetic), line-by-line
+listing match (listing), the function's asserts executed in the sandbox (code; needs `HF_ALLOW_CODE_EVAL=1`).
+
+Metadata (`--metadata` of lm-eval, or `refusion eval`'s flags): `seed`, `num_problems`, `families` (a list or a
+comma-separated string; default arithmetic and listing: the code family executes generated code) and `split`.
+"""
 
 from __future__ import annotations
 
 import datasets
 
-from refusion_hf.evaluation.extraction import extract_numeric_answer, normalize_listing, reference_number
+from refusion_hf.evaluation.code_eval import score_programs
+from refusion_hf.evaluation.extraction import extract_code, extract_numeric_answer, normalize_listing, reference_number
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 
-FAMILIES = ("arithmetic", "listing")
+DEFAULT_FAMILIES = ("arithmetic", "listing")
 
 
-def load(seed: int = 0, num_problems: int = 60, **_metadata) -> datasets.DatasetDict:
-    problems = generate_problems("test", int(num_problems), seed=int(seed), families=FAMILIES)
+def load(seed=0, num_problems=60, families=DEFAULT_FAMILIES, split="test", **_metadata) -> datasets.DatasetDict:
+    if isinstance(families, str):
+        families = [part.strip() for part in families.split(",") if part.strip()]
+    problems = generate_problems(split, int(num_problems), seed=int(seed), families=list(families))
     rows = [{"id": p.id, "family": p.family, "prompt": p.prompt, "target": p.target} for p in problems]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
@@ -22,6 +29,9 @@ def is_correct(family: str, answer: str, target: str) -> bool:
     if family == "arithmetic":
         extracted = extract_numeric_answer(answer)
         return extracted is not None and extracted == reference_number(target)
+    if family == "code":
+        [(passed, _)] = score_programs([f"{extract_code(answer)}\n\n{target}\n"])
+        return passed
     return normalize_listing(answer) == normalize_listing(target)
 
 

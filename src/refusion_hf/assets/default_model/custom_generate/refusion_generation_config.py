@@ -286,6 +286,10 @@ class RefusionGenerationOutput(ModelOutput):
         Model forward calls made by this `generate` call (one call serves every row of the batch).
     tokens_per_forward (`torch.FloatTensor` of shape `(batch_size,)`):
         Generated tokens of each row (up to and including its end) divided by the forward passes it took part in.
+    answer_lengths (`torch.LongTensor` of shape `(batch_size,)`):
+        Generated tokens of each row, up to and including its end (EOS, a stopping criterion's cut or the limit).
+    forward_passes_per_row (`torch.LongTensor` of shape `(batch_size,)`):
+        The forward passes each row took part in (a row leaves the batch when its answer is decoded).
     commit_step (`torch.LongTensor` of shape `(batch_size, answer_length)`):
         For each generated position, the decoding step (planning iteration, from 0) that committed it; -1 for
         positions after the end of the row's answer.
@@ -297,5 +301,7 @@ class RefusionGenerationOutput(ModelOutput):
     sequences: torch.LongTensor | None = None
     num_forward_passes: int | None = None
     tokens_per_forward: torch.FloatTensor | None = None
+    answer_lengths: torch.LongTensor | None = None
+    forward_passes_per_row: torch.LongTensor | None = None
     commit_step: torch.LongTensor | None = None
     chosen_slots: list | None = None

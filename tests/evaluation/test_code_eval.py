@@ -1,0 +1,59 @@
+"""lm-eval's `code_eval` metric, routed to the sandbox: the stock interface and numbers, the opt-in, isolation."""
+
+import evaluate
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refusion_hf.evaluation.code_eval import SandboxedCodeEval, execution_timeout, pass_at_k, sandboxed_code_eval
+
+ADD_TEST = "assert add(2, 3) == 5"
+
+
+def test_the_hub_metric_load_is_answered_by_the_sandbox_only_inside_the_block():
+    real = evaluate.load
+    with sandboxed_code_eval():
+        assert isinstance(evaluate.load("code_eval"), SandboxedCodeEval)
+        assert isinstance(evaluate.load("evaluate-metric/code_eval"), SandboxedCodeEval)
+    assert evaluate.load is real
+
+
+def test_pass_at_k_and_per_candidate_results(monkeypatch):
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    right, wrong = "def add(a, b):\n    return a + b", "def add(a, b):\n    return a * b"
+    scores, results = SandboxedCodeEval().compute(
+        references=[ADD_TEST, ADD_TEST], predictions=[[right, wrong], [wrong, wrong]], k=[1, 2, 3]
+    )
+    assert scores == {"pass@1": pytest.approx((0.5 + 0.0) / 2), "pass@2": pytest.approx((1.0 + 0.0) / 2)}
+    assert [entry["passed"] for _, entry in results[0]] == [True, False]
+    assert [completion for completion, _ in results[1]] == [0, 1]
+    assert results[1][0][1]["result"].startswith("failed")
+
+
+def test_no_execution_without_the_opt_in(monkeypatch):
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    with pytest.raises(PermissionError, match="HF_ALLOW_CODE_EVAL=1"):
+        SandboxedCodeEval().compute(references=[ADD_TEST], predictions=[["def add(a, b): return a + b"]], k=[1])
+
+
+def test_candidates_run_isolated_and_under_the_time_limit(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host data")
+    reads_host = f"print(open({str(secret)!r}).read())"
+    spins = "while True:\n    pass"
+    with execution_timeout(1.0):
+        scores, results = SandboxedCodeEval().compute(references=["", ""], predictions=[[reads_host], [spins]], k=1)
+    assert scores == {"pass@1": 0.0}
+    assert "FileNotFoundError" in results[0][0][1]["result"]
+    assert results[1][0][1]["result"].startswith("timed out")
+
+
+@given(st.integers(1, 30).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_is_the_chance_that_k_draws_without_replacement_include_a_correct_one(case):
+    n, c, k = case
+    none_correct = 1.0  # P(all k draws wrong) = prod over draws of (wrong left / left), Chen et al.'s product form
+    for draw in range(k):
+        none_correct *= max(n - c - draw, 0) / (n - draw)
+    assert pass_at_k(n, c, k) == pytest.approx(1 - none_correct)
+    assert pass_at_k(n, c, 1) == pytest.approx(c / n)
