@@ -115,6 +115,11 @@ def prefix_length(accepted: torch.BoolTensor) -> torch.LongTensor:
     return accepted.long().cumprod(-1).sum(-1)
 
 
+def first_true(mask: torch.BoolTensor) -> torch.LongTensor:
+    """Index of the first True along the last dimension; its size where there is none."""
+    return torch.where(mask.any(-1), mask.long().argmax(-1), mask.shape[-1])
+
+
 @dataclass
 class ChosenSlots:
     """The slots picked by one plan, in position order, and their state through verification and infill."""
@@ -123,12 +128,13 @@ class ChosenSlots:
     tokens: torch.LongTensor  # [n, k] current drafts
     scores: torch.Tensor  # [n] probability of each slot's first draft at planning time
     draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
+    confident: list[bool]  # per slot: every draft still to be verified was drafted above the token threshold
     verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
 
     def keep_first(self, n: int) -> None:
         """Drop every chosen slot after the first `n`."""
         self.slots, self.tokens, self.draft_probs = self.slots[:n], self.tokens[:n], self.draft_probs[:n]
-        self.verified = self.verified[:n]
+        self.verified, self.confident = self.verified[:n], self.confident[:n]
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,8 @@ class SequenceDecoder:
         k, length = settings.slot_size, settings.canvas_length
         self.canvas = torch.full((length,), settings.mask_token_id, dtype=torch.long, device=device)
         self.committed = torch.zeros(length, dtype=torch.bool, device=device)
+        self.written = bytearray(length)  # host copy of `committed` (decisions read it without a device sync)
+        self._prefix = 0  # committed positions 0 .. _prefix - 1 (only grows)
         self.commit_step = torch.full((length,), -1, dtype=torch.long, device=device)
         self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
         self.first_eos: int | None = None  # canvas index of the first committed EOS
@@ -214,8 +222,9 @@ class SequenceDecoder:
     @property
     def finished_prefix(self) -> int:
         """Length of the left-to-right prefix of the answer that is final (committed, nothing missing)."""
-        undecoded = (~self.committed[: self.answer_length]).nonzero()
-        return self.answer_length if undecoded.numel() == 0 else int(undecoded[0])
+        while self._prefix < len(self.written) and self.written[self._prefix]:
+            self._prefix += 1
+        return min(self._prefix, self.answer_length)
 
     def draft_view(self) -> torch.LongTensor:
         """The canvas with the current drafts filled in (masks where there is none), for draft streaming."""
@@ -276,14 +285,8 @@ class SequenceDecoder:
 
     def _likely_to_commit_all(self) -> bool:
         """Whether every draft this verification must accept was drafted with probability above the token
-        threshold (the always-accepted token of each slot aside)."""
-        k, chosen = self.settings.slot_size, self.chosen
-        if self.stage is Stage.VERIFY:
-            forced = torch.zeros(len(chosen.slots), dtype=torch.long, device=self.device)  # first token
-        else:
-            forced = torch.tensor(chosen.verified, device=self.device)  # first unverified token
-        pending = torch.arange(k, device=self.device)[None, :] > forced[:, None]  # [n, k]
-        return bool((chosen.draft_probs[pending] > self.settings.token_threshold).all())
+        threshold (the always-accepted token of each slot aside); read on the host when the drafts were made."""
+        return all(self.chosen.confident)
 
     def _with_lookahead(self, query: Query) -> Query:
         """Append the next plan's masks to a verification query (when planning ahead and the step will likely
@@ -313,9 +316,10 @@ class SequenceDecoder:
         return 0 if self.context is None else self.context.shape[0]
 
     # ----------------------------------------------------------------------------------------- advance
-    def advance(self, logits: torch.Tensor) -> torch.LongTensor:
-        """Consume this sequence's logits of the last forward ([num_scored, V]); return the indices (into the
-        query) of the tokens whose KV stays in the cache, in cache order."""
+    def advance(self, logits: torch.Tensor) -> int:
+        """Consume this sequence's logits of the last forward ([num_scored, V]); return how many leading query
+        tokens keep their KV in the cache (every stage commits a prefix of its query: the prompt, the verified
+        slots in position order, the completed infill slots in position order)."""
         self.forward_passes += 1
         lookahead, self.lookahead = self.lookahead, None
         if lookahead is not None:
@@ -329,14 +333,14 @@ class SequenceDecoder:
             return self._infill_draft(logits)
         else:
             keep = self._infill_verify(logits)
-        # Verification stages commit a prefix of their query (`keep` = 0 .. m-1). The plan that rode along
+        # Verification stages commit a prefix of their query (`keep` tokens). The plan that rode along
         # holds when that prefix is the whole query and the pool is the one it assumed.
         if lookahead is not None and self.stage is Stage.PLAN:
-            if keep.numel() == lookahead.after and self.pool == lookahead.slots:
+            if keep == lookahead.after and self.pool == lookahead.slots:
                 self._plan(ahead_logits)  # no context here: it keeps nothing
         return keep
 
-    def _plan(self, logits: torch.Tensor) -> torch.LongTensor:
+    def _plan(self, logits: torch.Tensor) -> int:
         k, settings = self.settings.slot_size, self.settings
         num_context = self._num_context()
         self.context = None
@@ -344,23 +348,27 @@ class SequenceDecoder:
         scores = self._scores(logits, lambda: self._slot_positions(self.pool))  # a mask predicts itself
         drafts = self.policy.draw(scores)  # [len(pool)*k]
         draft_probs = self.policy.probs(scores).gather(-1, drafts[:, None]).squeeze(-1)
-        scores = draft_probs.view(-1, k)[:, 0]  # [len(pool)] probability of each slot's first draft
-        picked = (scores > settings.slot_threshold).nonzero().flatten()
-        if picked.numel() == 0:
-            picked = scores.argmax().view(1)
-        picked = picked.tolist()  # ascending = position order (the pool is kept sorted)
+        scores = draft_probs.view(-1, k)[:, 0]  # [P] probability of each slot's first draft (P = len(pool))
+        confident = (draft_probs.view(-1, k)[:, 1:] > settings.token_threshold).all(-1)  # [P]
+        # One host read for the plan's decisions: which slots pass, the best one (taken when none passes), and
+        # which slots' later drafts would all pass verification's threshold (planning ahead reads that).
+        over = scores > settings.slot_threshold
+        decisions = torch.cat([over.long(), confident.long(), scores.argmax().view(1)]).tolist()
+        num_pool = len(self.pool)
+        picked = [i for i in range(num_pool) if decisions[i]] or [decisions[-1]]  # ascending = position order
         self.plan_drafts = drafts.view(-1, k)
         self.chosen = ChosenSlots(
             slots=[self.pool[i] for i in picked],
             tokens=self.plan_drafts[picked],
             scores=scores[picked],
             draft_probs=draft_probs.view(-1, k)[picked],
+            confident=[bool(decisions[num_pool + i]) for i in picked],
         )
         self.trace_chosen.append([slot * k for slot in self.chosen.slots])
         self.stage = Stage.VERIFY
-        return torch.arange(num_context, device=self.device)
+        return num_context
 
-    def _verify(self, logits: torch.Tensor) -> torch.LongTensor:
+    def _verify(self, logits: torch.Tensor) -> int:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         flat = chosen.tokens.flatten()  # [n*k]
@@ -369,28 +377,33 @@ class SequenceDecoder:
         confidence[:, 0] = chosen.scores  # a slot's first token keeps its planning score
         accepted = confidence > self.settings.token_threshold
         accepted[:, 0] = True  # ... and is always accepted
-        global_prefix = int(prefix_length(accepted.flatten()))
-        eos = self._is_eos(flat[:global_prefix]).nonzero()
-        if eos.numel() > 0:
+        prefix = prefix_length(accepted.flatten())  # the longest accepted prefix of the concatenation
+        position = torch.arange(n * k, device=self.device)
+        eos_in_prefix = first_true(self._is_eos(flat) & (position < prefix))
+        # One host read: the global prefix, its first EOS (n*k: none), and each slot's own accepted prefix.
+        global_prefix, first_eos, *own_prefixes = torch.cat(
+            [prefix.view(1), eos_in_prefix.view(1), prefix_length(accepted)]
+        ).tolist()
+        if first_eos < n * k:
             # Commit the chosen slots up to the first EOS (truncated right after it); nothing after it survives.
-            end = int(eos[0]) + 1
-            eos_row = (end - 1) // k
-            self._commit(chosen.slots[: eos_row + 1], flat[:end])
+            end = first_eos + 1
+            eos_row = first_eos // k
+            self._commit(chosen.slots[: eos_row + 1], flat[:end], eos_at=first_eos)
             self._drop_after(chosen.slots[eos_row])
-            return self._finish_iteration(torch.arange(end, device=self.device))
+            return self._finish_iteration(end)
         whole = global_prefix // k
         if whole > 0:
             # Whole slots verified together: keep their KV from this forward (they saw each other in order).
             self._commit(chosen.slots[:whole], flat[: whole * k])
-            return self._finish_iteration(torch.arange(whole * k, device=self.device))
+            return self._finish_iteration(whole * k)
         # Not even the first slot: complete every chosen slot on its own, from its own verified prefix.
-        chosen.verified = prefix_length(accepted).tolist()
+        chosen.verified = own_prefixes
         in_infill = set(chosen.slots)
         self.pool = [slot for slot in self.pool if slot not in in_infill]
         self.stage = Stage.INFILL_DRAFT
         return self._nothing()
 
-    def _infill_draft(self, logits: torch.Tensor) -> torch.LongTensor:
+    def _infill_draft(self, logits: torch.Tensor) -> int:
         k, chosen = self.settings.slot_size, self.chosen
         unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
         # [unfinished*k]: each masked position predicts itself
@@ -406,10 +419,17 @@ class SequenceDecoder:
             chosen.tokens[i, done:] = proposals[row, done:]
             if probs is not None:
                 chosen.draft_probs[i, done:] = probs[row, done:]
+        if probs is not None:  # every draft after each slot's always-accepted token above the threshold?
+            pending = (
+                torch.arange(k, device=self.device)[None, :]
+                > torch.tensor(chosen.verified, device=self.device)[:, None]
+            )
+            confident = ((chosen.draft_probs > self.settings.token_threshold) | ~pending).all(-1)
+            chosen.confident = confident.tolist()
         self.stage = Stage.INFILL_VERIFY
         return self._nothing()
 
-    def _infill_verify(self, logits: torch.Tensor) -> torch.LongTensor:
+    def _infill_verify(self, logits: torch.Tensor) -> int:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         scores = self._scores(logits, lambda: self._slot_positions(chosen.slots) + 1)  # row j scores j + 1
@@ -418,38 +438,45 @@ class SequenceDecoder:
         # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
         forced = torch.arange(k, device=self.device)[None, :] <= already[:, None]
         accepted = (confidence > self.settings.token_threshold) | forced
-        chosen.verified = prefix_length(accepted).tolist()
-        for i in range(n):
-            if self._is_eos(chosen.tokens[i, : chosen.verified[i]]).any():
-                # This slot ends the answer: later chosen slots and later undecoded slots are discarded.
-                chosen.keep_first(i + 1)
-                chosen.verified[i] = k
-                self._drop_after(chosen.slots[i])
-                break
+        verified = prefix_length(accepted)  # [n]
+        within = torch.arange(k, device=self.device)[None, :] < verified[:, None]
+        eos_in_slot = first_true(self._is_eos(chosen.tokens) & within)  # [n]; k: no EOS in the verified prefix
+        # One host read: each slot's verified prefix and where an EOS lies in it.
+        values = torch.cat([verified, eos_in_slot]).tolist()
+        chosen.verified, eos_in_slot = values[:n], values[n:]
+        ending = next((i for i in range(n) if eos_in_slot[i] < k), None)
+        if ending is not None:
+            # This slot ends the answer: later chosen slots and later undecoded slots are discarded.
+            chosen.keep_first(ending + 1)
+            chosen.verified[ending] = k
+            self._drop_after(chosen.slots[ending])
         if min(chosen.verified) < k:
             self.stage = Stage.INFILL_DRAFT
             return self._nothing()
-        # Every slot complete: append them in position order with the KV each computed on its own.
+        # Every slot complete: append them in position order with the KV each computed on its own. Only the last
+        # one can hold an EOS (an earlier one would have ended the answer), found in this round's read.
         flat = chosen.tokens.flatten()
-        eos = self._is_eos(flat).nonzero()
-        end = flat.shape[0] if eos.numel() == 0 else int(eos[0]) + 1
-        self._commit(chosen.slots, flat[:end])
-        return self._finish_iteration(torch.arange(end, device=self.device))
+        eos_at = None if ending is None else ending * k + eos_in_slot[ending]
+        end = flat.shape[0] if eos_at is None else eos_at + 1
+        self._commit(chosen.slots, flat[:end], eos_at=eos_at)
+        return self._finish_iteration(end)
 
     # ------------------------------------------------------------------------------------------ commit
-    def _commit(self, slots: list[int], tokens: torch.LongTensor) -> None:
-        """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas."""
+    def _commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
+        """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas; `eos_at` is
+        the index in `tokens` of its first EOS, if it has one (the caller has read it already)."""
         k = self.settings.slot_size
-        index = torch.tensor(slots, device=self.device)[:, None] * k + torch.arange(k, device=self.device)
-        index = index.flatten()[: tokens.shape[0]]
+        positions = [slot * k + j for slot in slots for j in range(k)][: tokens.shape[0]]
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.canvas[index] = tokens
         self.committed[index] = True
         self.commit_step[index] = self.step
+        for position in positions:
+            self.written[position] = 1
         done = set(slots)
         self.pool = [slot for slot in self.pool if slot not in done]
-        eos = index[self._is_eos(tokens)]
-        if eos.numel() > 0:
-            first = int(eos.min())
+        if eos_at is not None:
+            first = positions[eos_at]
             self.first_eos = first if self.first_eos is None else min(self.first_eos, first)
 
     def _drop_after(self, eos_slot: int) -> None:
@@ -457,10 +484,11 @@ class SequenceDecoder:
         self.pool = [slot for slot in self.pool if slot < eos_slot]
         self.ends_after_block = True
 
-    def _nothing(self) -> torch.LongTensor:
-        return torch.zeros(0, dtype=torch.long, device=self.device)
+    @staticmethod
+    def _nothing() -> int:
+        return 0
 
-    def _finish_iteration(self, keep: torch.LongTensor) -> torch.LongTensor:
+    def _finish_iteration(self, keep: int) -> int:
         self.chosen = None
         self.plan_drafts = None
         self.stage = Stage.PLAN
@@ -521,8 +549,8 @@ class BatchDecodeResult:
 class RaggedKVCache:
     """A `DynamicCache` shared by the batch, plus which entries each row may attend to.
 
-    Rows commit different numbers of tokens per forward; a row's committed entries of a forward are gathered to
-    the front of that forward's new segment, the rest of the segment is cut, and the validity mask covers holes.
+    Rows commit different numbers of tokens per forward: each forward's new segment is cut after the last entry any
+    row keeps, and the validity mask covers the holes (left padding, and what shorter rows did not keep).
     """
 
     def __init__(self, config, batch_size: int, device):
@@ -536,23 +564,21 @@ class RaggedKVCache:
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
-    def keep_new_entries(self, keep: list[torch.LongTensor]) -> None:
-        """After a forward appended Q entries per row: keep row b's entries `keep[b]` (query indices), in order."""
+    def keep_new_entries(self, spans: list[tuple[int, int]]) -> None:
+        """After a forward appended W entries per row: row b keeps the `count` entries from `start` of that new
+        segment (`spans[b] = (start, count)`: every stage commits a prefix of its query, which sits after its
+        row's left padding). The segment is cut after the last kept entry (`DynamicCache.crop`); entries before a
+        row's start or after its count are holes, masked by `valid`. No K/V is copied."""
         old = self.valid.shape[1]
-        width = max((index.numel() for index in keep), default=0)
-        batch_size = len(keep)
-        gather = torch.zeros(batch_size, width, dtype=torch.long, device=self.valid.device)
-        new_valid = torch.zeros(batch_size, width, dtype=torch.bool, device=self.valid.device)
-        for row, index in enumerate(keep):
-            gather[row, : index.numel()] = index
-            new_valid[row, : index.numel()] = True
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)  # [B, H, T+Q, D]
-                new = tensor[:, :, old:]
-                index = gather[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3])
-                setattr(layer, name, torch.cat([tensor[:, :, :old], new.gather(2, index)], dim=2))
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        device = self.valid.device
+        starts = torch.tensor([start for start, _ in spans], dtype=torch.long, device=device)  # [B]
+        stops = starts + torch.tensor([count for _, count in spans], dtype=torch.long, device=device)
+        width = max((start + count for start, count in spans), default=0)
+        cut = self.cache.get_seq_length() - (old + width)
+        if cut > 0:
+            self.cache.crop(-cut)  # DynamicCache's crop takes the number of entries to remove, negated
+        index = torch.arange(width, device=device)[None, :]  # [1, width]
+        self.valid = torch.cat([self.valid, (index >= starts[:, None]) & (index < stops[:, None])], dim=1)
 
     def select_rows(self, rows: torch.LongTensor) -> None:
         self.cache.batch_select_indices(rows)
@@ -621,12 +647,12 @@ def decode_batch(
         logits = forward(model, kv, queries, pad_token_id)
         num_forward_passes += 1
         context_width = max(q.num_context for q in queries)
-        keep = []
+        spans = []
         for slot, (row, query) in enumerate(zip(active, queries)):
             kept = sequences[row].advance(logits[slot, : query.num_scored])
-            # Query index -> index in this forward's new cache segment (contexts are left-padded).
-            keep.append(kept + (context_width - query.num_context))
-        kv.keep_new_entries(keep)
+            # The kept query prefix starts after the row's left padding in this forward's new cache segment.
+            spans.append((context_width - query.num_context, kept))
+        kv.keep_new_entries(spans)
         if stopping is not None:
             stopping.update(sequences)
         if on_step is not None:
@@ -644,7 +670,7 @@ def decode_batch(
     answer_lengths = []
     for row, sequence in enumerate(sequences):
         n = sequence.answer_length
-        assert bool(sequence.committed[:n].all()), "ReFusion decoding left a hole before the end of the answer"
+        assert all(sequence.written[:n]), "ReFusion decoding left a hole before the end of the answer"
         tokens[row, :n] = sequence.canvas[:n]
         commit_step[row, :n] = sequence.commit_step[:n]
         answer_lengths.append(n)

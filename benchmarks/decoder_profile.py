@@ -1,0 +1,238 @@
+"""Where ReFusion decoding's time goes and how it scales with batch size, against autoregressive decoding of the
+same weights; one process, interleaved, writes JSON.
+
+For the embedded model (its decoding defaults, synthetic test prompts through the chat template) and a random
+512-wide, 8-layer Qwen3 (256-token random prompts, 128 new tokens, slot 8, thresholds 0.0 / 0.5), per batch size:
+
+* tokens/s of `generate()` with ReFusion and with `decoding="autoregressive"` (greedy, same prompts), and their
+  ratio; each batch is decoded `--repeats` times per decoding, interleaved, and timed by its fastest run;
+* forward passes; the share of wall time spent outside the model forward (forward hooks time every call);
+* host reads per forward: the profiler's `aten::_local_scalar_dense` (`item()`, `int()`, `bool()` of a tensor) and
+  `aten::nonzero` events plus `Tensor.tolist()` calls (counted by a wrapper), i.e. what would be a device-to-host
+  sync on a GPU;
+* from `decode_batch` with a counting `forward`: the padding share of the batched query tensor, rows active per
+  forward, and query tokens fed per committed answer token.
+
+    .venv/bin/python benchmarks/decoder_profile.py --out benchmarks/results/decoder_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from results_file import write_results
+
+from refusion_hf import RefusionConfig, RefusionForCausalLM
+from refusion_hf.evaluation.synthetic_tasks import generate_problems
+from refusion_hf.generation import refusion_decoder
+from refusion_hf.generation.cli import default_model_path, encode_prompt
+from refusion_hf.generation.refusion_generate import decoding_settings, merge_generation_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ForwardTimer:
+    """Times every call of the model's forward (hooks on the top-level module)."""
+
+    def __init__(self, model):
+        self.seconds, self.calls, self._start = 0.0, 0, None
+        self.handles = [
+            model.register_forward_pre_hook(self._before),
+            model.register_forward_hook(self._after),
+        ]
+
+    def _before(self, module, args):
+        self._start = time.perf_counter()
+
+    def _after(self, module, args, output):
+        self.seconds += time.perf_counter() - self._start
+        self.calls += 1
+
+    def reset(self):
+        self.seconds, self.calls = 0.0, 0
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def counting_tolist(counter: list[int]):
+    real = torch.Tensor.tolist
+
+    def tolist(self):
+        counter[0] += 1
+        return real(self)
+
+    torch.Tensor.tolist = tolist
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist = real
+
+
+def host_reads(fn) -> int:
+    """Host reads of tensor values while `fn` runs (see the module docstring)."""
+    calls = [0]
+    with counting_tolist(calls), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    names = ("aten::_local_scalar_dense", "aten::nonzero")
+    return calls[0] + sum(event.count for event in prof.key_averages() if event.key in names)
+
+
+def left_pad(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(row.numel() for row in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - row.numel() :], mask[i, width - row.numel() :] = row, 1
+    return ids, mask
+
+
+def query_shape_stats(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict) -> dict:
+    """Padding share, rows active per forward and query tokens per committed token, from `decode_batch`."""
+    totals = {"slots": 0, "real": 0, "rows": 0, "forwards": 0, "scored": 0, "committed": 0}
+
+    def forward(model_, kv, queries, pad_token_id):
+        width = max(q.num_context for q in queries) + max(q.num_scored for q in queries)
+        totals["slots"] += width * len(queries)
+        totals["real"] += sum(q.tokens.shape[0] for q in queries)
+        totals["scored"] += sum(q.num_scored for q in queries)
+        totals["rows"] += len(queries)
+        totals["forwards"] += 1
+        return refusion_decoder.forward_queries(model_, kv, queries, pad_token_id)
+
+    pad = model.generation_config.pad_token_id or 0
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start : start + batch_size]
+        ids, _ = left_pad(batch, pad)
+        config, _ = merge_generation_config(model, None, kwargs)
+        config.max_length = ids.shape[1] + config.max_new_tokens
+        settings = decoding_settings(model, config, ids.shape[1], max(p.numel() for p in batch))
+        result = refusion_decoder.decode_batch(model, batch, settings, pad, forward=forward)
+        totals["committed"] += sum(result.answer_lengths)
+    return {
+        "padding_share": 1 - totals["real"] / totals["slots"],
+        "rows_active_per_forward": totals["rows"] / totals["forwards"],
+        "query_tokens_per_committed_token": totals["scored"] / totals["committed"],
+    }
+
+
+def measure(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict, repeats: int) -> dict:
+    pad = model.generation_config.pad_token_id or 0
+    batches = [left_pad(prompts[i : i + batch_size], pad) for i in range(0, len(prompts), batch_size)]
+    timer = ForwardTimer(model)
+    runs = {
+        "refusion": lambda ids, mask: model.generate(ids, attention_mask=mask, return_dict_in_generate=True, **kwargs),
+        "autoregressive": lambda ids, mask: model.generate(
+            ids, attention_mask=mask, decoding="autoregressive", max_new_tokens=kwargs["max_new_tokens"]
+        ),
+    }
+    stats = {name: {"seconds": 0.0, "forward_seconds": 0.0, "forwards": 0, "tokens": 0} for name in runs}
+    eos = set(
+        model.generation_config.eos_token_id
+        if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id]
+    )
+    for index, (ids, mask) in enumerate(batches):
+        order = list(runs) if index % 2 == 0 else list(runs)[::-1]
+        best = {}
+        for _ in range(repeats):
+            for name in order:
+                timer.reset()
+                start = time.perf_counter()
+                output = runs[name](ids, mask)
+                seconds = time.perf_counter() - start
+                if name not in best or seconds < best[name][0]:
+                    best[name] = (seconds, timer.seconds, timer.calls, output)
+        for name, (seconds, forward_seconds, calls, output) in best.items():
+            sequences = output.sequences if hasattr(output, "sequences") else output
+            new = sequences[:, ids.shape[1] :].tolist()
+            tokens = sum(next((i + 1 for i, t in enumerate(row) if t in eos), len(row)) for row in new)
+            entry = stats[name]
+            entry["seconds"] += seconds
+            entry["forward_seconds"] += forward_seconds
+            entry["forwards"] += calls
+            entry["tokens"] += tokens
+    timer.remove()
+    ids, mask = batches[0]
+    reads = host_reads(lambda: runs["refusion"](ids, mask))
+    first_forwards = runs["refusion"](ids, mask).num_forward_passes
+    report = {}
+    for name, entry in stats.items():
+        report[name] = {
+            "tokens_per_second": entry["tokens"] / entry["seconds"],
+            "forward_passes": entry["forwards"],
+            "tokens": entry["tokens"],
+            "outside_forward_share": 1 - entry["forward_seconds"] / entry["seconds"],
+        }
+    report["refusion_over_autoregressive_tokens_per_second"] = (
+        report["refusion"]["tokens_per_second"] / report["autoregressive"]["tokens_per_second"]
+    )
+    report["refusion"]["host_reads_per_forward"] = reads / first_forwards
+    report["refusion"].update(query_shape_stats(model, prompts, batch_size, kwargs))
+    return report
+
+
+def embedded_prompts(tokenizer, n: int, seed: int) -> list[torch.Tensor]:
+    problems = generate_problems("test", n, seed, families=["arithmetic", "listing"])
+    return [encode_prompt(tokenizer, p.prompt)[0] for p in problems]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoder_profile.json"))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=32, help="embedded model: prompts per batch size")
+    parser.add_argument("--batch-sizes", default="1,4,8,16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--skip-wide", action="store_true", help="leave out the 512-wide random model")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    results: dict = {"torch_threads": args.threads, "repeats": args.repeats, "embedded": {}, "wide_512x8": {}}
+    from transformers import AutoTokenizer
+
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = embedded_prompts(tokenizer, args.prompts, seed=2026)
+    with torch.no_grad():
+        for dtype in (torch.bfloat16, torch.float32):
+            model = RefusionForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            name = str(dtype).removeprefix("torch.")
+            kwargs = {"max_new_tokens": 64}
+            results["embedded"][name] = {b: measure(model, prompts, b, kwargs, args.repeats) for b in batch_sizes}
+            print(name, results["embedded"][name], flush=True)
+        if not args.skip_wide:
+            torch.manual_seed(0)
+            config = RefusionConfig(
+                vocab_size=4096,
+                hidden_size=512,
+                intermediate_size=1536,
+                num_hidden_layers=8,
+                num_attention_heads=8,
+                num_key_value_heads=4,
+                head_dim=64,
+                max_position_embeddings=1024,
+                mask_token_id=3,
+                eos_token_id=1,
+                pad_token_id=0,
+            )
+            model = RefusionForCausalLM(config).eval()
+            model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 1
+            wide_prompts = [torch.randint(4, 4096, (256,)) for _ in range(4)]
+            kwargs = dict(max_new_tokens=128, slot_size=8, block_size=64, slot_threshold=0.0, token_threshold=0.5)
+            for dtype in (torch.bfloat16, torch.float32):
+                model = model.to(dtype)
+                name = str(dtype).removeprefix("torch.")
+                results["wide_512x8"][name] = {b: measure(model, wide_prompts, b, kwargs, 1) for b in (1, 4)}
+                print(name, results["wide_512x8"][name], flush=True)
+    write_results(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
