@@ -1,5 +1,7 @@
-"""The authors' golden decoding vectors (tests/data/oracle_cases.jsonl) and the comparison the oracle README
-prescribes."""
+"""The authors' golden decoding vectors (tests/data/oracle_cases.jsonl) and how we compare with them
+(docs/design.md, "Faithfulness"): on a case without a hole, the new tokens up to the reference's first EOS (within
+max_new_tokens) are the reference's, padding follows, and no more forward passes are used; on a case where the
+reference's EOS-in-infill defect left a hole, ours has none."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def expected(case: dict) -> Expected:
 
 def mismatch(case: dict, generated: list[int], forward_passes: int) -> str | None:
     """None when `generated` (the new tokens of a batch-1 call: exactly the answer, as wide as stock generate
-    makes it) satisfies the oracle README's contract."""
+    makes it) satisfies that comparison (module docstring)."""
     exp = expected(case)
     if exp.hole_free and len(generated) != exp.cut:
         return f"expected an answer of {exp.cut} new tokens, got {len(generated)}"

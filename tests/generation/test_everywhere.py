@@ -38,7 +38,7 @@ def test_float32_reproduces_the_oracle(model32):
         out = model32.generate(ids, return_dict_in_generate=True, **generate_kwargs(case))
         if mismatch(case, out.sequences[0, ids.shape[1] :].tolist(), out.num_forward_passes):
             failures.append(case["id"])
-    # The oracle README measured one case in 600 that flips in float32.
+    # float32 rounding flips a near-tie in about one case in 600 (measured when the golden vectors were made).
     assert len(failures) <= 3, failures
 
 

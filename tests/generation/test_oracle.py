@@ -1,6 +1,6 @@
 """Token-for-token faithfulness to the authors' decoder (golden vectors, float64, greedy).
 
-The comparison is the one the oracle README prescribes (tests/oracle.py): on hole-free cases the tokens up to
+The comparison is tests/oracle.py's: on hole-free cases the tokens up to
 the first EOS equal the reference's, padding follows, and we never use more forward passes; on the case where
 the reference's EOS-in-infill defect left a hole, our output has none. Planning ahead (the default) only saves
 forward passes: without it, the forward passes equal the reference's.

@@ -295,7 +295,7 @@ def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, sto
     if model_kwargs:
         raise ValueError(
             f"generate() got arguments that ReFusion decoding does not use: {sorted(model_kwargs)}. Its knobs are "
-            f"{sorted(REFUSION_FIELDS)} plus the stock generation-config fields (see the README's argument table)."
+            f"{sorted(REFUSION_FIELDS)} plus the stock generation-config fields (see docs/generate_arguments.md)."
         )
 
 

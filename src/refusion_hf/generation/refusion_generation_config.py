@@ -63,7 +63,7 @@ DEFAULT_BLOCK_SIZE = 128
 class RefusionGenerationConfig(GenerationConfig):
     r"""
     A [`GenerationConfig`] with the parameters of ReFusion's plan-and-infill decoding. Every stock field keeps
-    its meaning (see the README's table for how ReFusion decoding honours each one); these are added, and like
+    its meaning (docs/generate_arguments.md says how ReFusion decoding honours each one); these are added, and like
     stock fields they are `None` (unset) until the call, the passed config, the model's generation config or the
     defaults (`REFUSION_FIELDS`) give them a value:
 

@@ -36,7 +36,7 @@ class RefusionGenerationMixin:
         Generate with ReFusion's slot-level plan-and-infill decoding (or, with `decoding="autoregressive"`,
         transformers' own decoding with the same weights). The signature and the meaning of every argument are
         stock `GenerationMixin.generate`'s; an argument ReFusion decoding cannot honour raises a `ValueError`
-        that names it (the README has the table).
+        that names it (docs/generate_arguments.md has the table).
 
         Args:
             inputs / input_ids (`torch.LongTensor` of shape `(batch_size, prompt_length)`): prompts, left-padded.
