@@ -11,7 +11,9 @@ For the embedded model (its decoding defaults, synthetic test prompts through th
   `aten::nonzero` events plus `Tensor.tolist()` calls (counted by a wrapper), i.e. what would be a device-to-host
   sync on a GPU;
 * from `decode_batch` with a counting `forward`: the padding share of the batched query tensor, rows active per
-  forward, and query tokens fed per committed answer token.
+  forward, and query tokens fed per committed answer token;
+* continuous batching (`generate_batch`, at most B requests at once, finished rows replaced at once) over
+  `--stream` prompts against fixed batches of B (`generate()` per batch), both ReFusion, same prompts.
 
     .venv/bin/python benchmarks/decoder_profile.py --out benchmarks/results/decoder_profile.json
 """
@@ -93,8 +95,11 @@ def left_pad(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def query_shape_stats(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict) -> dict:
-    """Padding share, rows active per forward and query tokens per committed token, from `decode_batch`."""
+def query_shape_stats(
+    model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict, continuous: bool = False
+) -> dict:
+    """Padding share, rows active per forward and query tokens per committed token, from `decode_batch` (fixed
+    batches of `batch_size`, or one continuous stream of at most `batch_size` rows)."""
     totals = {"slots": 0, "real": 0, "rows": 0, "forwards": 0, "scored": 0, "committed": 0}
 
     def forward(model_, kv, queries, pad_token_id):
@@ -107,13 +112,14 @@ def query_shape_stats(model, prompts: list[torch.Tensor], batch_size: int, kwarg
         return refusion_decoder.forward_queries(model_, kv, queries, pad_token_id)
 
     pad = model.generation_config.pad_token_id or 0
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start : start + batch_size]
+    groups = [prompts] if continuous else [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    for batch in groups:
         ids, _ = left_pad(batch, pad)
         config, _ = merge_generation_config(model, None, kwargs)
         config.max_length = ids.shape[1] + config.max_new_tokens
         settings = decoding_settings(model, config, ids.shape[1], max(p.numel() for p in batch))
-        result = refusion_decoder.decode_batch(model, batch, settings, pad, forward=forward)
+        rows = batch_size if continuous else None
+        result = refusion_decoder.decode_batch(model, batch, settings, pad, forward=forward, max_rows=rows)
         totals["committed"] += sum(result.answer_lengths)
     return {
         "padding_share": 1 - totals["real"] / totals["slots"],
@@ -178,6 +184,42 @@ def measure(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict, r
     return report
 
 
+def continuous_vs_fixed(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict, repeats: int) -> dict:
+    """ReFusion tokens/s over a stream of prompts: `generate_batch` (continuous, at most `batch_size` rows) against
+    `generate()` on fixed batches of `batch_size`, interleaved, fastest of `repeats`; same tokens checked."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    pad = model.generation_config.pad_token_id or 0
+    config = ContinuousBatchingConfig(max_requests_per_batch=batch_size)
+    lists = [p.tolist() for p in prompts]
+    best = {"continuous": float("inf"), "fixed": float("inf")}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        stream = model.generate_batch(lists, continuous_batching_config=config, **kwargs)
+        best["continuous"] = min(best["continuous"], time.perf_counter() - start)
+        start = time.perf_counter()
+        fixed = []
+        for i in range(0, len(prompts), batch_size):
+            ids, mask = left_pad(prompts[i : i + batch_size], pad)
+            out = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, **kwargs)
+            fixed += [
+                row[ids.shape[1] : ids.shape[1] + n].tolist() for row, n in zip(out.sequences, out.answer_lengths)
+            ]
+        best["fixed"] = min(best["fixed"], time.perf_counter() - start)
+    answers = [stream[f"req_{i}"].generated_tokens for i in range(len(prompts))]
+    tokens = sum(len(a) for a in answers)
+    report = {
+        "prompts": len(prompts),
+        "same_answers": sum(a == b for a, b in zip(answers, fixed)),
+        "continuous_tokens_per_second": tokens / best["continuous"],
+        "fixed_tokens_per_second": sum(len(a) for a in fixed) / best["fixed"],
+        "continuous": query_shape_stats(model, prompts, batch_size, kwargs, continuous=True),
+        "fixed": query_shape_stats(model, prompts, batch_size, kwargs),
+    }
+    report["continuous_over_fixed"] = report["continuous_tokens_per_second"] / report["fixed_tokens_per_second"]
+    return report
+
+
 def embedded_prompts(tokenizer, n: int, seed: int) -> list[torch.Tensor]:
     problems = generate_problems("test", n, seed, families=["arithmetic", "listing"])
     return [encode_prompt(tokenizer, p.prompt)[0] for p in problems]
@@ -189,6 +231,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=32, help="embedded model: prompts per batch size")
     parser.add_argument("--batch-sizes", default="1,4,8,16")
+    parser.add_argument("--stream", type=int, default=64, help="embedded model: prompts of the continuous stream")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-wide", action="store_true", help="leave out the 512-wide random model")
     args = parser.parse_args()
@@ -207,6 +250,11 @@ def main() -> None:
             kwargs = {"max_new_tokens": 64}
             results["embedded"][name] = {b: measure(model, prompts, b, kwargs, args.repeats) for b in batch_sizes}
             print(name, results["embedded"][name], flush=True)
+            stream = embedded_prompts(tokenizer, args.stream, seed=4242)
+            results.setdefault("continuous_batching", {})[name] = {
+                b: continuous_vs_fixed(model, stream, b, kwargs, args.repeats) for b in batch_sizes if b > 1
+            }
+            print(name, results["continuous_batching"][name], flush=True)
         if not args.skip_wide:
             torch.manual_seed(0)
             config = RefusionConfig(

@@ -20,3 +20,23 @@ def test_gpu_readiness_runs_end_to_end_at_the_tiny_shape(tmp_path):
     decodings = {(row["batch"], row["decoding"]) for row in results["end_to_end"]}
     assert (8, "HF greedy") in decodings and (1, "ReFusion, forced: all accepted") in decodings
     assert results["overhead"]["forward_passes"] > 0 and 0 <= results["overhead"]["share_outside_forward"] < 1
+
+
+def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
+    """The decoder-overhead and batch-scaling benchmark at a tiny size: every figure it reports is there and sane,
+    and continuous batching gives the same answers as fixed batches."""
+    out = tmp_path / "decoder_profile.json"
+    command = [sys.executable, "decoder_profile.py", "--prompts", "2", "--stream", "3", "--batch-sizes", "1,2",
+               "--repeats", "1", "--skip-wide", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    for dtype in ("bfloat16", "float32"):
+        for batch in ("1", "2"):
+            refusion = results["embedded"][dtype][batch]["refusion"]
+            assert 0 <= refusion["outside_forward_share"] < 1 and refusion["host_reads_per_forward"] > 0
+            assert 0 <= refusion["padding_share"] < 1 and 1 <= refusion["rows_active_per_forward"] <= int(batch)
+        stream = results["continuous_batching"][dtype]["2"]
+        assert stream["prompts"] == 3 and stream["continuous"]["rows_active_per_forward"] <= 2
+    # float32 is batch-invariant (bfloat16 may flip a near tie when the batch's composition changes)
+    assert results["continuous_batching"]["float32"]["2"]["same_answers"] == 3

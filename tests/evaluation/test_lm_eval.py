@@ -128,3 +128,26 @@ def test_the_synthetic_suite_ships_as_an_lm_eval_task(tmp_path, capsys):
         answer = tokenizer.decode(model.generate(ids, max_new_tokens=64)[0, ids.shape[1] :], skip_special_tokens=True)
         assert samples[index]["resps"][0][0] == answer
         assert samples[index]["exact_match"] == float(is_correct(doc["family"], answer, doc["target"]))
+
+
+def test_continuous_batching_gives_the_same_answers_and_counts_the_forwards(task_dir, tmp_path):
+    """`--model_args ...,continuous_batching=True`: the task's requests go through `generate_batch` (2 rows at once
+    here), the answers are HFLM's fixed-batch answers, and the speed figures are still reported."""
+    from refusion_hf.cli import main
+    from refusion_hf.evaluation import lm_eval_model
+
+    answers, reports = [], []
+    for continuous in (False, True):
+        out = tmp_path / f"continuous_{continuous}"
+        model_args = f"pretrained={default_model_path()},dtype=float32,continuous_batching={continuous}"
+        argv = ["lm-eval", "--model", "refusion", "--model_args", model_args, "--tasks", "refusion_toy",
+                "--include_path", str(task_dir), "--batch_size", "2", "--log_samples", "--output_path", str(out),
+                "--limit", "5"]  # fmt: skip
+        assert main(argv) == 0
+        (samples,) = out.rglob("samples_refusion_toy_*.jsonl")
+        answers.append({s["doc_id"]: s["resps"][0][0] for s in map(json.loads, samples.read_text().splitlines())})
+        (results,) = out.rglob("results_*.json")
+        reports.append(json.loads(results.read_text())["refusion_decoding"]["tasks"]["refusion_toy"])
+    assert answers[0] == answers[1] and len(answers[0]) == 5
+    assert reports[1]["requests"] == 5 and reports[1]["forward_passes"] > 0 and reports[1]["tokens"] > 0
+    assert not lm_eval_model.INSTANCES

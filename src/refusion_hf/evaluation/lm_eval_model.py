@@ -6,6 +6,12 @@ stop sequences, tasks, filters and metrics. Added here:
 
 * model args `slot_size`, `block_size`, `slot_threshold`, `token_threshold`, `plan_ahead`, `decoding`, and
   `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it);
+* `continuous_batching=True`: each task's requests go to `model.generate_batch` (at most `batch_size` rows at
+  once, a finished row replaced by the next request at once) instead of HFLM's fixed batches; prompts, lengths,
+  sampling arguments and the cut at `until` are HFLM's (lm-eval's `normalize_gen_kwargs`,
+  `handle_stop_sequences`, `postprocess_generated_text`). The answers are the same; stop strings are applied
+  after decoding rather than during it (a continuous batch cannot call criteria batch-wide), so a row runs on to
+  its EOS or `max_gen_toks`;
 * per task, generated tokens, forward passes, tokens per forward and tokens/s of `generate_until`, written into the
   results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`. With
   batches, a forward serves every row: tokens per forward is then the batch's generated tokens per batched forward.
@@ -54,8 +60,11 @@ class GenerateRecord:
 
 @register_model("refusion")
 class RefusionLM(HFLM):
-    def __init__(self, pretrained, preset: str | None = None, **kwargs):
+    def __init__(self, pretrained, preset: str | None = None, continuous_batching: bool = False, **kwargs):
         knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
+        if not isinstance(continuous_batching, bool):
+            raise ValueError(f"model arg continuous_batching must be True or False, got {continuous_batching!r}.")
+        self.continuous_batching = continuous_batching
         kwargs.setdefault("trust_remote_code", True)
         super().__init__(pretrained=pretrained, **kwargs)
         preset_knobs = preset_settings(preset) if preset is not None else {}
@@ -88,12 +97,64 @@ class RefusionLM(HFLM):
         for task, indices in by_task.items():
             self._task = task
             start = time.perf_counter()
-            for index, answer in zip(indices, super().generate_until([requests[i] for i in indices], disable_tqdm)):
+            group = [requests[i] for i in indices]
+            decoded = (
+                self._generate_continuously(group)
+                if self.continuous_batching
+                else super().generate_until(group, disable_tqdm)
+            )
+            for index, answer in zip(indices, decoded):
                 answers[index] = answer
             stats = self.decoding_stats[task]
             stats["seconds"] += time.perf_counter() - start
             stats["requests"] += len(indices)
         self._task = None
+        return answers
+
+    def _generate_continuously(self, requests) -> list[str]:
+        """One task's requests through `model.generate_batch`, grouped by generation arguments (see the module
+        docstring); answers in request order."""
+        from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        rows = self.batch_size if isinstance(self.batch_size, int) else 16
+        config = ContinuousBatchingConfig(max_requests_per_batch=rows)
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        groups: dict[str, list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            groups[repr(sorted(request.args[1].items()))].append(index)
+        answers: list[str | None] = [None] * len(requests)
+        forwards = [0]
+        hook = self.model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        try:
+            for indices in groups.values():
+                kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
+                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+                max_gen_toks = kwargs.pop("max_gen_toks")
+                if not kwargs.get("do_sample"):
+                    kwargs.pop("temperature", None)  # greedy, as HFLM's generate call makes it
+                prompts = [
+                    self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
+                    for i in indices
+                ]
+                results = self.model.generate_batch(
+                    prompts,
+                    continuous_batching_config=config,
+                    max_new_tokens=max_gen_toks,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    **{**self.decoding_kwargs, **kwargs},
+                )
+                for position, index in enumerate(indices):
+                    tokens = results[f"req_{position}"].generated_tokens
+                    self.decoding_stats[self._task]["tokens"] += len(tokens)
+                    text = postprocess_generated_text(
+                        generation=self.tok_decode(tokens), stop=until, think_end_token=None
+                    )
+                    answers[index] = text
+                    self.cache_hook.add_partial("generate_until", requests[index].args, text)
+        finally:
+            hook.remove()
+        self.decoding_stats[self._task]["forward_passes"] += forwards[0]
         return answers
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):

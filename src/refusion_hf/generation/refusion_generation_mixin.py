@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .refusion_generate import refusion_generate
+from .refusion_generate import refusion_generate, refusion_generate_batch
 
 
 class RefusionGenerationMixin:
@@ -69,5 +69,39 @@ class RefusionGenerationMixin:
             negative_prompt_ids=negative_prompt_ids,
             negative_prompt_attention_mask=negative_prompt_attention_mask,
             custom_generate=custom_generate,
+            **kwargs,
+        )
+
+    @torch.no_grad()
+    def generate_batch(
+        self,
+        inputs: list[list[int]],
+        generation_config=None,
+        continuous_batching_config=None,
+        record_timestamps: bool = False,
+        progress_bar: bool = False,
+        persistent_manager: bool = False,
+        warmup: bool = True,
+        **kwargs,
+    ):
+        r"""
+        Continuous batching with ReFusion decoding, behind transformers' `generate_batch` interface: `inputs` is a
+        list of prompts (token id lists), the result `{"req_0": GenerationOutput, ...}` in input order
+        (`generated_tokens`: the answer, up to and including its EOS). At most
+        `continuous_batching_config.max_requests_per_batch` requests (default 16) decode at once in the ragged
+        cache; as soon as one finishes, the next takes its place. Every request decodes as it would alone.
+        Generation-config fields and keyword arguments mean what they mean in `generate()`; stopping criteria,
+        `stop_strings` and `max_time` are refused (cut the answers afterwards), as are `record_timestamps` and
+        `persistent_manager`. `decoding="autoregressive"` runs transformers' own `generate_batch`.
+        """
+        return refusion_generate_batch(
+            self,
+            inputs,
+            generation_config=generation_config,
+            continuous_batching_config=continuous_batching_config,
+            record_timestamps=record_timestamps,
+            progress_bar=progress_bar,
+            persistent_manager=persistent_manager,
+            warmup=warmup,
             **kwargs,
         )

@@ -99,6 +99,7 @@ _NEUTRAL = {
     "output_attentions": False,
     "output_hidden_states": False,
 }
+DEFAULT_BATCH_ROWS = 16  # `generate_batch`: requests decoded at once unless `max_requests_per_batch` says
 _REFUSE_SUFFIX = "pass `decoding='autoregressive'` to use it with ordinary left-to-right decoding of the same weights."
 
 
@@ -115,9 +116,12 @@ def refusion_generate(
     negative_prompt_ids: torch.Tensor | None = None,
     negative_prompt_attention_mask: torch.Tensor | None = None,
     custom_generate=None,
+    _max_rows: int | None = None,
+    _on_finish=None,
     **kwargs,
 ):
-    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments."""
+    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments.
+    `_max_rows` / `_on_finish`: continuous batching, for `refusion_generate_batch` (`decode_batch`'s `max_rows`)."""
     stock_arguments = dict(
         generation_config=generation_config,
         logits_processor=logits_processor,
@@ -184,6 +188,12 @@ def refusion_generate(
     criteria_config.max_length, criteria_config._eos_token_tensor = None, None  # the decoder ends rows itself
     criteria = model._get_stopping_criteria(criteria_config, stopping_criteria or StoppingCriteriaList(), tokenizer)
     stopping = PrefixStopping(criteria, input_ids, pad_token_id) if len(criteria) else None
+    if stopping is not None and _max_rows is not None:
+        raise ValueError(
+            "`generate_batch` cannot apply stopping criteria, `stop_strings` or `max_time` (they are called for the "
+            "whole batch at once, and a continuous batch changes as requests come and go): cut the answers "
+            "afterwards, or use `generate()`."
+        )
 
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError(
@@ -202,6 +212,8 @@ def refusion_generate(
         policy=policy,
         stopping=stopping,
         on_step=stream.on_step if stream is not None else None,
+        max_rows=_max_rows,
+        on_finish=_on_finish,
     )
     if stream is not None:
         stream.finish()
@@ -219,6 +231,98 @@ def refusion_generate(
         commit_step=result.commit_step,
         chosen_slots=result.chosen_slots,
     )
+
+
+def refusion_generate_batch(
+    model,
+    inputs: list[list[int]],
+    generation_config: GenerationConfig | None = None,
+    continuous_batching_config=None,
+    record_timestamps: bool = False,
+    progress_bar: bool = False,
+    persistent_manager: bool = False,
+    warmup: bool = True,
+    **kwargs,
+) -> dict:
+    """`model.generate_batch(...)` with ReFusion decoding: transformers' continuous-batching interface (a list of
+    prompts in, `{"req_0": GenerationOutput, ...}` out in input order) on the ragged-cache decoder. At most
+    `continuous_batching_config.max_requests_per_batch` requests (default `DEFAULT_BATCH_ROWS`) decode at once;
+    when one finishes, the next takes its place. Generation-config fields and keyword overrides mean what they
+    mean in `generate()`; `decoding="autoregressive"` hands the call to transformers' own `generate_batch`.
+    `warmup` has nothing to do here (no CUDA graphs are captured). Refused: `record_timestamps` (tokens are
+    committed out of order), `persistent_manager` (there is no background manager), the paged-cache fields of
+    `continuous_batching_config`, and stopping criteria (see `decode_batch`)."""
+    from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
+
+    config, _ = merge_generation_config(model, generation_config, dict(kwargs))
+    if config.decoding == "autoregressive":
+        stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "preset")}
+        return GenerationMixin.generate_batch(
+            model, inputs, generation_config, continuous_batching_config, record_timestamps, progress_bar,
+            persistent_manager, warmup, **stock_kwargs,
+        )  # fmt: skip
+    given = [n for n in ("stop_strings", "max_time") if getattr(config, n, None) is not None]
+    given += [n for n in ("stopping_criteria", "streamer") if kwargs.get(n)]
+    if given:
+        raise ValueError(
+            f"`generate_batch` cannot apply `{given[0]}`: stopping criteria are called for the whole batch at once, "
+            "and a continuous batch changes as requests come and go (streamers follow one sequence); cut the "
+            "answers afterwards, or use `generate()`."
+        )
+    for name, value in (("record_timestamps", record_timestamps), ("persistent_manager", persistent_manager)):
+        if value:
+            raise ValueError(f"`generate_batch({name}=True)` is not supported by ReFusion decoding; {_REFUSE_SUFFIX}")
+    rows = DEFAULT_BATCH_ROWS
+    if continuous_batching_config is not None:
+        default = type(continuous_batching_config)()
+        for name, value in vars(continuous_batching_config).items():
+            if name != "max_requests_per_batch" and value != getattr(default, name, value):
+                raise ValueError(
+                    f"`continuous_batching_config.{name}` configures transformers' paged cache, which ReFusion "
+                    "decoding does not use: leave it unset (`max_requests_per_batch` sets the rows decoded at once)."
+                )
+        rows = continuous_batching_config.max_requests_per_batch or rows
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        raise ValueError("`inputs` must be a non-empty list of prompts, each a list of token ids.")
+    prompts = [torch.as_tensor(list(prompt), dtype=torch.long) for prompt in inputs]
+    if any(p.ndim != 1 or p.numel() == 0 for p in prompts):
+        raise ValueError("every prompt of `inputs` must be a non-empty list of token ids.")
+    pad = config.pad_token_id if config.pad_token_id is not None else eos_token_ids(config)[0]
+    width = max(p.numel() for p in prompts)
+    input_ids = torch.full((len(prompts), width), int(pad), dtype=torch.long)
+    attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - prompt.numel() :], attention_mask[row, width - prompt.numel() :] = prompt, 1
+    progress = None
+    if progress_bar:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=len(prompts), desc=f"Solving {len(prompts)} requests", unit="request")
+    output = refusion_generate(
+        model,
+        input_ids,
+        generation_config=generation_config,
+        attention_mask=attention_mask,
+        return_dict_in_generate=True,
+        _max_rows=rows,
+        _on_finish=(lambda index, sequence: progress.update(1)) if progress is not None else None,
+        **kwargs,
+    )
+    if progress is not None:
+        progress.close()
+    results = {}
+    repeats = output.sequences.shape[0] // len(prompts)  # num_return_sequences
+    for row in range(output.sequences.shape[0]):
+        prompt, child = divmod(row, repeats)
+        request_id = f"req_{prompt}" if child == repeats - 1 else f"req_{prompt}__child#{child}"
+        length = int(output.answer_lengths[row])
+        results[request_id] = GenerationOutput(
+            request_id=request_id,
+            prompt_ids=list(inputs[prompt]),
+            generated_tokens=output.sequences[row, width : width + length].tolist(),
+            status=RequestStatus.FINISHED,
+        )
+    return results
 
 
 # ----------------------------------------------------------------------------------------------- preparation

@@ -26,7 +26,8 @@ always holds exactly the committed tokens (prompt first, then commit order), row
 mask says which entries each row may attend to), and chosen slots that must not see each other are packed
 in one row under a block-diagonal mask instead of copying the prefix cache per slot.
 
-Sequences that finish leave the batch (their cache rows are dropped), so they cost nothing afterwards.
+Sequences that finish leave the batch (their cache rows are dropped), so they cost nothing afterwards; with
+continuous batching (`max_rows`) waiting prompts take their places at once.
 
 How logits become drafts and confidences (greedy or sampled, under transformers' logits processors) is the
 `DraftPolicy` (draft_policy.py). Stopping criteria see the final left-to-right prefix through `PrefixStopping`,
@@ -44,6 +45,8 @@ import torch
 from transformers import DynamicCache, StoppingCriteriaList
 
 from .draft_policy import DraftPolicy
+
+JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
 
 
 class Stage(enum.Enum):
@@ -550,12 +553,17 @@ class RaggedKVCache:
     """A `DynamicCache` shared by the batch, plus which entries each row may attend to.
 
     Rows commit different numbers of tokens per forward: each forward's new segment is cut after the last entry any
-    row keeps, and the validity mask covers the holes (left padding, and what shorter rows did not keep).
+    row keeps, and the validity mask covers the holes (left padding, and what shorter rows did not keep). When holes
+    make up most of the cache (rows that joined or kept little), `compact_if_sparse` moves each row's entries to the
+    front.
     """
+
+    COMPACT_SLACK = 32  # compact when the cache is more than twice as wide as its fullest row, and this much wider
 
     def __init__(self, config, batch_size: int, device):
         self.cache = DynamicCache(config=config)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T]
+        self.lengths = [0] * batch_size  # host copy of valid.sum(1): the entries each row may attend to
 
     def attention_mask(self, visible: torch.BoolTensor, dtype) -> torch.Tensor:
         """visible: [B, Q, Q] -> additive float mask [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
@@ -579,10 +587,48 @@ class RaggedKVCache:
             self.cache.crop(-cut)  # DynamicCache's crop takes the number of entries to remove, negated
         index = torch.arange(width, device=device)[None, :]  # [1, width]
         self.valid = torch.cat([self.valid, (index >= starts[:, None]) & (index < stops[:, None])], dim=1)
+        self.lengths = [length + count for length, (_, count) in zip(self.lengths, spans)]
 
-    def select_rows(self, rows: torch.LongTensor) -> None:
-        self.cache.batch_select_indices(rows)
+    def extend(self, other: RaggedKVCache) -> None:
+        """Append `other`'s rows (requests that joined, prefilled in a cache of their own) after this cache's rows;
+        the narrower of the two is padded with holes."""
+        if not self.lengths:  # no rows left: the joining rows' cache is the cache
+            self.cache, self.valid, self.lengths = other.cache, other.valid, list(other.lengths)
+            return
+        width = max(self.valid.shape[1], other.valid.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            for name in ("keys", "values"):
+                merged = [_pad_entries(getattr(layer, name), width) for layer in (mine, theirs)]
+                setattr(mine, name, torch.cat(merged, dim=0))
+        pad = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
+        self.valid = torch.cat(pad, dim=0)
+        self.lengths = self.lengths + other.lengths
+
+    def select_rows(self, rows: list[int]) -> None:
+        self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.valid.device))
         self.valid = self.valid[rows]
+        self.lengths = [self.lengths[row] for row in rows]
+        self.compact_if_sparse()
+
+    def compact_if_sparse(self) -> None:
+        """Move every row's entries to the front, in order, when holes make up most of the cache."""
+        width, fullest = self.valid.shape[1], max(self.lengths, default=0)
+        if width <= 2 * fullest or width - fullest < self.COMPACT_SLACK:
+            return
+        # Stable sort: each row's valid entries first, in cache order; [B, fullest]
+        order = torch.sort((~self.valid).to(torch.uint8), dim=1, stable=True).indices[:, :fullest]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)  # [B, H, T, D]
+                index = order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                setattr(layer, name, tensor.gather(2, index))
+        lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.valid.device)
+        self.valid = torch.arange(fullest, device=self.valid.device)[None, :] < lengths[:, None]
+
+
+def _pad_entries(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, H, T, D] -> [B, H, width, D], zeros after the T entries (holes)."""
+    return torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[2]))
 
 
 def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id: int) -> torch.Tensor:
@@ -627,6 +673,8 @@ def decode_batch(
     stopping: PrefixStopping | None = None,
     on_step=None,
     forward=forward_queries,
+    max_rows: int | None = None,
+    on_finish=None,
 ) -> BatchDecodeResult:
     """Decode every prompt (unpadded 1-D tensors) with ReFusion; one forward per step serves all rows.
 
@@ -634,32 +682,69 @@ def decode_batch(
     stopping criteria to the final prefixes after every forward. `on_step(sequences)` is called after that with
     the list of `SequenceDecoder`s (for streaming). `forward` runs one step's queries (`forward_queries`;
     benchmarks swap in alternative strategies).
+
+    Continuous batching: with `max_rows`, at most that many prompts decode at once, and as soon as rows finish the
+    next prompts take their places (prefilled in a forward of their own, then appended to the shared cache), so
+    that a stream of requests longer than the batch keeps it full. `on_finish(index, sequence)` is called when a
+    prompt's answer is decoded. Each prompt decodes as it would alone either way. Stopping criteria are called for
+    the whole batch at once (stock's contract), so they need every row from the start: not with `max_rows`.
     """
     device = prompts[0].device
     if policy is None:
         policy = DraftPolicy.greedy([settings.mask_token_id], device)
-    sequences = [SequenceDecoder(prompt, settings, policy) for prompt in prompts]
-    active = list(range(len(sequences)))
-    kv = RaggedKVCache(model.config, len(sequences), device)
+    if max_rows is not None and (stopping is not None or on_step is not None):
+        raise ValueError("continuous batching (`max_rows`) cannot apply batch-wide stopping criteria or stream steps")
+    sequences: list[SequenceDecoder | None] = [None] * len(prompts)
+    waiting = list(range(len(prompts)))[::-1]  # popped from the end: prompts join in order
+    limit = len(prompts) if max_rows is None else max_rows
+    active: list[int] = []  # rows of `kv`, in order
+    kv = RaggedKVCache(model.config, 0, device)
     num_forward_passes = 0
-    while active:
-        queries = [sequences[row].query() for row in active]
-        logits = forward(model, kv, queries, pad_token_id)
-        num_forward_passes += 1
+
+    def step(rows: list[int], cache: RaggedKVCache) -> None:
+        """One forward for `rows` on `cache`; each row advances and keeps its committed prefix."""
+        queries = [sequences[row].query() for row in rows]
+        logits = forward(model, cache, queries, pad_token_id)
         context_width = max(q.num_context for q in queries)
         spans = []
-        for slot, (row, query) in enumerate(zip(active, queries)):
+        for slot, (row, query) in enumerate(zip(rows, queries)):
             kept = sequences[row].advance(logits[slot, : query.num_scored])
             # The kept query prefix starts after the row's left padding in this forward's new cache segment.
             spans.append((context_width - query.num_context, kept))
-        kv.keep_new_entries(spans)
+        cache.keep_new_entries(spans)
+
+    while active or waiting:
+        if active:
+            step(active, kv)
+            num_forward_passes += 1
+        joining = []
+        # Joining costs a prefill forward of its own: wait until a quarter of the rows are free (or none is busy).
+        free = limit - len(active)
+        if free < max(1, limit // JOIN_FRACTION) and active:
+            free = 0
+        while waiting and len(joining) < free:
+            index = waiting.pop()
+            sequences[index] = SequenceDecoder(prompts[index], settings, policy)
+            joining.append(index)
+        if joining:
+            # Requests that join are prefilled (prompt + first plan) in a cache of their own, so that the rows
+            # already decoding are not padded to the prompts' width; their cache rows are appended after.
+            fresh = RaggedKVCache(model.config, len(joining), device)
+            step(joining, fresh)
+            num_forward_passes += 1
+            kv.extend(fresh)
+            active.extend(joining)
         if stopping is not None:
             stopping.update(sequences)
         if on_step is not None:
             on_step(sequences)
         still = [i for i, row in enumerate(active) if sequences[row].stage is not Stage.DONE]
         if len(still) < len(active):
-            kv.select_rows(torch.tensor(still, dtype=torch.long, device=device))
+            if on_finish is not None:
+                for row in active:
+                    if sequences[row].stage is Stage.DONE:
+                        on_finish(row, sequences[row])
+            kv.select_rows(still)
             active = [active[i] for i in still]
 
     if stopping is not None:
