@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.evaluation.harness import EvalSettings, evaluate_decodings
 from refusion_hf.evaluation.tasks import load_task
-from refusion_hf.generation.cli import default_model_path
+from refusion_hf.modeling.loading import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOT_SIZES = (1, 4, 8)

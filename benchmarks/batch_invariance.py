@@ -19,7 +19,8 @@ from results_file import write_results
 
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
-from refusion_hf.generation.cli import default_model_path, encode_prompt, load_model_and_tokenizer
+from refusion_hf.generation.cli import load_model_and_tokenizer
+from refusion_hf.modeling.loading import default_model_path, prompt_ids
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny-qwen3-refusion"
 DTYPES = ("float64", "float32", "bfloat16")
@@ -76,7 +77,7 @@ def main() -> None:
     questions = [p.prompt for p in generate_problems("test", 48, seed=99, families=("arithmetic", "listing"))]
     for dtype in DTYPES:
         model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype)
-        encoded = [encode_prompt(tokenizer, question)[0].tolist() for question in questions]
+        encoded = [prompt_ids(tokenizer, question) for question in questions]
         rows = differ = 0
         for start in range(0, len(encoded), 4):
             batch = encoded[start : start + 4]

@@ -31,8 +31,8 @@ from results_file import write_results
 from refusion_hf import RefusionConfig, RefusionForCausalLM
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.generation import refusion_decoder
-from refusion_hf.generation.cli import default_model_path, encode_prompt
 from refusion_hf.generation.refusion_generate import decoding_settings, merge_generation_config
+from refusion_hf.modeling.loading import default_model_path, prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -222,7 +222,7 @@ def continuous_vs_fixed(model, prompts: list[torch.Tensor], batch_size: int, kwa
 
 def embedded_prompts(tokenizer, n: int, seed: int) -> list[torch.Tensor]:
     problems = generate_problems("test", n, seed, families=["arithmetic", "listing"])
-    return [encode_prompt(tokenizer, p.prompt)[0] for p in problems]
+    return [torch.tensor(prompt_ids(tokenizer, p.prompt)) for p in problems]
 
 
 def main() -> None:

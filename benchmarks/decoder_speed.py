@@ -139,13 +139,13 @@ def plan_ahead_on_embedded_model(rounds: int, limit: int = 60, seed: int = 2026)
     from transformers import AutoTokenizer
 
     from refusion_hf.evaluation.synthetic_tasks import generate_problems
-    from refusion_hf.generation.cli import default_model_path, encode_prompt
+    from refusion_hf.modeling.loading import default_model_path, prompt_ids
 
     path = default_model_path()
     model = RefusionForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     problems = generate_problems("test", limit, seed, families=["arithmetic", "listing"])
-    prompts = [encode_prompt(tokenizer, problem.prompt) for problem in problems]
+    prompts = [torch.tensor([prompt_ids(tokenizer, problem.prompt)]) for problem in problems]
     seconds = {True: [], False: []}
     passes = {True: 0, False: 0}
     ratios = []

@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Qwen3ForCausalLM
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
 from refusion_hf.evaluation.synthetic_tasks import write_jsonl
-from refusion_hf.generation.cli import default_model_path
+from refusion_hf.modeling.loading import default_model_path
 from refusion_hf.training import PackedCausalLMCollator, load_sft_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -87,7 +87,10 @@ def test_bad_inputs_are_refused(model32):
 
 
 def test_autoregressive_decoding_is_transformers_own_generate_batch(model32):
-    results = model32.generate_batch([[5, 6, 7], [8, 9]], decoding="autoregressive", max_new_tokens=4)
+    small = ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=32)  # transformers' paged cache, kept small
+    results = model32.generate_batch(
+        [[5, 6, 7], [8, 9]], decoding="autoregressive", max_new_tokens=4, continuous_batching_config=small
+    )
     for index, prompt in enumerate([[5, 6, 7], [8, 9]]):
         expected = model32.generate(torch.tensor([prompt]), decoding="autoregressive", max_new_tokens=4)
         assert results[f"req_{index}"].generated_tokens == expected[0, len(prompt) :].tolist()

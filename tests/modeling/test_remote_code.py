@@ -95,7 +95,7 @@ def test_bare_environment_loads_and_generates_identically(fixture_path, tmp_path
 def test_embedded_model_folder_carries_the_current_bundle(tmp_path):
     """The embedded folder's remote code and custom_generate/ are exactly what save_pretrained writes today
     (refresh them with `make embedded-bundle`)."""
-    from refusion_hf.generation.cli import default_model_path
+    from refusion_hf.modeling.loading import default_model_path
 
     embedded = default_model_path()
     RefusionForCausalLM.from_pretrained(embedded).save_pretrained(tmp_path)
@@ -111,7 +111,7 @@ def test_embedded_model_folder_carries_the_current_bundle(tmp_path):
 
 
 def test_embedded_model_loads_anywhere(tmp_path):
-    from refusion_hf.generation.cli import default_model_path
+    from refusion_hf.modeling.loading import default_model_path
 
     embedded = default_model_path()
     model = RefusionForCausalLM.from_pretrained(embedded, dtype=torch.float32).eval()

@@ -240,9 +240,10 @@ def _code_execution_opt_in(allowed: bool):
 
 
 def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | None) -> int:
-    from ..generation.cli import default_model_path, load_model_and_tokenizer
+    from ..generation.cli import load_model_and_tokenizer
     from ..generation.refusion_generate import merge_generation_config
     from ..generation.refusion_generation_config import REFUSION_FIELDS
+    from ..modeling.loading import default_model_path
     from .code_eval import execution_timeout
     from .harness import EvalSettings, evaluate_decodings, markdown_table
     from .tasks import load_task

@@ -13,6 +13,7 @@ lm-eval does the work: task definitions (prompts, few-shot examples, generation 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,12 @@ def _bundled_data(dataset_path: str | None) -> Path | None:
     return None
 
 
+def _offline() -> bool:
+    return any(
+        os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
 def _data_builder(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes]
     suffix = suffixes[-2] if suffixes[-1:] == [".gz"] and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
@@ -62,6 +69,10 @@ def data_overrides(config: dict[str, Any], data_file: str | Path | None, num_few
         return {}
     path = Path(data_file) if data_file is not None else _bundled_data(config.get("dataset_path"))
     if path is None:
+        if _offline():
+            raise ValueError(
+                f"task {config['task']!r} reads the Hub dataset {config.get('dataset_path')!r} and offline mode is set"
+            )
         return {}
     if not path.is_file():
         raise FileNotFoundError(f"--data-file {str(path)!r} does not exist: pass the path of a local data file.")
@@ -98,8 +109,12 @@ def load_task(
     from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    manager = TaskManager(include_path=str(TASKS_DIR), metadata=metadata)
+    # The package's own tasks first: indexing lm-eval's thousands of task files takes seconds.
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=metadata)
     entry = manager.task_index.get(name)
+    if entry is None:
+        manager = TaskManager(include_path=str(TASKS_DIR), metadata=metadata)
+        entry = manager.task_index.get(name)
     if entry is None or entry.yaml_path is None or entry.kind.name not in ("TASK", "PY_TASK"):
         raise ValueError(
             f"unknown lm-eval task {name!r}: use one of {sorted(SUITE_TASKS)} or an lm-eval task name "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -21,16 +20,9 @@ from ..command_inputs import (
     non_negative_float,
     require_extra,
 )
+from ..modeling.loading import default_model_path, prompt_ids
 from .refusion_generation_config import sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
-
-DEFAULT_MODEL_RESOURCE = "assets/default_model"
-
-
-def default_model_path() -> Path:
-    """The small ReFusion model embedded in the package (used when `--model` is not given)."""
-    return Path(str(resources.files("refusion_hf").joinpath(DEFAULT_MODEL_RESOURCE)))
-
 
 DTYPES = ("auto", "bfloat16", "float32", "float64")
 
@@ -87,13 +79,8 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
 
 
 def encode_prompt(tokenizer, prompt: str) -> torch.LongTensor:
-    """Token ids of `prompt`, through the tokenizer's chat template when it has one."""
-    if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
-        )["input_ids"]
-        return torch.tensor([list(ids)])
-    return tokenizer(prompt, return_tensors="pt").input_ids
+    """`prompt_ids` as a [1, n] tensor."""
+    return torch.tensor([prompt_ids(tokenizer, prompt)])
 
 
 def register(subparsers) -> None:

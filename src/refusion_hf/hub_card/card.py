@@ -19,6 +19,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
+from ..modeling.loading import prompt_ids
 from .errors import CardInputError
 from .sources import EvalReport, TrainingSummary, eval_results_of
 
@@ -437,13 +438,8 @@ def _python_block(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
-def _prompt_length(tokenizer, prompt: str, chat: bool) -> int:
-    if chat:
-        encoded = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True
-        )
-        return len(encoded["input_ids"])
-    return len(tokenizer(prompt)["input_ids"])
+def _prompt_length(tokenizer, prompt: str) -> int:
+    return len(prompt_ids(tokenizer, prompt))
 
 
 def _model_name(repo_id: str | None, folder: Path, name: str | None) -> str:
@@ -517,7 +513,7 @@ def build_model_card(
         chat=chat,
         prompt=example_prompt,
         max_new_tokens=defaults.fitting_max_new_tokens(
-            _prompt_length(tokenizer, example_prompt, chat), config.max_position_embeddings
+            _prompt_length(tokenizer, example_prompt), config.max_position_embeddings
         ),
     )
     return _render(
@@ -569,7 +565,7 @@ def build_adapter_card(
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
         chat = bool(tokenizer.chat_template)
-        prompt_length = _prompt_length(tokenizer, example_prompt, chat)
+        prompt_length = _prompt_length(tokenizer, example_prompt)
     defaults = (
         DecodingDefaults.from_generation_config(base_generation_config)
         if base_generation_config is not None

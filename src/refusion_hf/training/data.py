@@ -22,6 +22,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from ..modeling.loading import prompt_ids
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 4096
@@ -117,16 +119,13 @@ def split_record(record: Any, path: Path, where: str) -> tuple[list[dict[str, st
 
 
 def encode_prompt(tokenizer, prompt: list[dict[str, str]] | str, path: Path, where: str) -> list[int]:
-    if tokenizer.chat_template:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(encoded["input_ids"])
-    if isinstance(prompt, list):
+    try:
+        return prompt_ids(tokenizer, prompt)
+    except ValueError:
         raise DataFormatError(
             f"{path}: {where}: 'messages' records need a chat template, but the tokenizer has none; set "
             "`tokenizer.chat_template` or write the data as {'query', 'response'} records"
-        )
-    return list(tokenizer(prompt)["input_ids"])
+        ) from None
 
 
 def load_sft_dataset(path: str | Path, tokenizer, max_length: int = DEFAULT_MAX_LENGTH) -> RefusionSFTDataset:
