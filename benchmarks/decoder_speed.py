@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from oracle_cases import FIXTURE, generate_kwargs, load_cases
 from results_file import write_results
 from transformers import DynamicCache
 
@@ -35,8 +35,6 @@ from refusion_hf.generation.refusion_decoder import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.oracle import FIXTURE, generate_kwargs, load_cases  # noqa: E402
 
 
 class PerSlotCacheCopyForward:

@@ -190,7 +190,7 @@ def _progress(total: int | None):
 
 
 def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
-    from .harness import REFUSION_KNOBS
+    from ..generation.refusion_generation_config import DECODING_KNOBS
 
     if args.suite in CODE_SUITES and not allowed:
         raise CommandError(
@@ -204,7 +204,7 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
         raise CommandError("--code-timeout must be > 0 seconds.")
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise CommandError(f"--num-fewshot must be >= 0, got {args.num_fewshot}.")
-    knobs = [f"--{name.replace('_', '-')}" for name in REFUSION_KNOBS if getattr(args, name) is not None]
+    knobs = [f"--{name.replace('_', '-')}" for name in DECODING_KNOBS if getattr(args, name) is not None]
     if "refusion" not in args.decodings and knobs:
         raise CommandError(
             f"{', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "

@@ -23,11 +23,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..generation.refusion_generation_config import preset_settings, sampling_arguments
+from ..generation.refusion_generation_config import DECODING_KNOBS, preset_settings, sampling_arguments
 from .lm_eval_model import GenerateRecord, RefusionLM
 
 DECODINGS = ("refusion", "autoregressive")
-REFUSION_KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead")
 WARMUP_TOKENS = 8
 
 
@@ -50,7 +49,7 @@ class EvalSettings:
     def refusion_kwargs(self) -> dict:
         kwargs = preset_settings(self.preset) if self.preset is not None else {}
         kwargs.pop("max_new_tokens", None)  # the task's max_gen_toks (or --max-new-tokens) decides the length
-        kwargs.update({name: getattr(self, name) for name in REFUSION_KNOBS if getattr(self, name) is not None})
+        kwargs.update({name: getattr(self, name) for name in DECODING_KNOBS if getattr(self, name) is not None})
         return kwargs
 
     def generation_kwargs(self) -> dict:

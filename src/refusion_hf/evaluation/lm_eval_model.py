@@ -34,10 +34,10 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from ..generation.refusion_generate import eos_token_ids
-from ..generation.refusion_generation_config import preset_settings
+from ..generation.refusion_generation_config import DECODING_KNOBS, preset_settings
 
 INSTANCES: list[RefusionLM] = []  # models lm-eval built from `--model refusion`: `refusion lm-eval` reads their figures
-KNOBS = ("slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead", "decoding")
+KNOBS = (*DECODING_KNOBS, "decoding")  # model args that go to generate()
 
 
 def answer_lengths(new_tokens: torch.LongTensor, eos_ids: set[int]) -> list[int]:

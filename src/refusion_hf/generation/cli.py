@@ -21,7 +21,7 @@ from ..command_inputs import (
     require_extra,
 )
 from ..modeling.loading import default_model_path, prompt_ids
-from .refusion_generation_config import sampling_arguments
+from .refusion_generation_config import DECODING_KNOBS, sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
 
 DTYPES = ("auto", "bfloat16", "float32", "float64")
@@ -107,8 +107,8 @@ def register(subparsers) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    names = ("max_new_tokens", "slot_size", "block_size", "slot_threshold", "token_threshold")
-    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    names = ("max_new_tokens", *DECODING_KNOBS)
+    overrides = {name: getattr(args, name, None) for name in names if getattr(args, name, None) is not None}
     return {**overrides, **sampling_arguments(args.temperature)}
 
 

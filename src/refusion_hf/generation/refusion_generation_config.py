@@ -32,6 +32,9 @@ REFUSION_FIELDS: dict[str, Any] = {
     "mask_token_id": None,
     "plan_ahead": True,
 }
+# The knobs a user tunes (what presets set, CLIs expose and reports record); `decoding` picks the method and
+# `mask_token_id` comes from the checkpoint.
+DECODING_KNOBS: tuple[str, ...] = tuple(name for name in REFUSION_FIELDS if name not in ("decoding", "mask_token_id"))
 
 # The authors' per-task evaluation settings (their eval.sh: generation length 512, the canvas cut into N serial
 # blocks, so block_size = 512 / N). `generate(..., preset=NAME)`, `RefusionGenerationConfig.from_preset(NAME)`,

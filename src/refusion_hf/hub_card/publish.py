@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 
 from ..checkpoint_identity import weights_sha256
 from ..command_inputs import first_line
+from ..generation.refusion_generation_config import DECODING_KNOBS
 from ..modeling.remote_code import CUSTOM_GENERATE_DIR, collect_bundle_modules
 from .card import (
     DEFAULT_EXAMPLE_PROMPT,
@@ -74,11 +75,7 @@ MODEL_FILE_PATTERNS = (
 )
 # Decoding defaults that can be baked into the published generation_config.json, with their CLI options.
 DECODING_OVERRIDES = {
-    "slot_size": "--slot-size",
-    "block_size": "--block-size",
-    "slot_threshold": "--slot-threshold",
-    "token_threshold": "--token-threshold",
-    "max_new_tokens": "--max-new-tokens",
+    name: f"--{name.replace('_', '-')}" for name in (*DECODING_KNOBS, "max_new_tokens") if name != "plan_ahead"
 }
 # What is downloaded when `model` is a Hub id (the remote code is always written fresh, so no *.py).
 SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja", "*.tiktoken"]

@@ -14,19 +14,12 @@ from typing import Any
 
 from huggingface_hub import EvalResult
 
+from ..generation.refusion_generation_config import DECODING_KNOBS
 from .errors import CardSourceError
 
 DECODING_MODES = ("refusion", "autoregressive")
 # Settings of a `refusion eval` report that the card repeats (metric args in the model-index, notes in the body).
-DECODING_KNOBS = (
-    "slot_size",
-    "block_size",
-    "slot_threshold",
-    "token_threshold",
-    "plan_ahead",
-    "temperature",
-    "max_new_tokens",
-)
+REPORTED_SETTINGS = (*DECODING_KNOBS, "temperature", "max_new_tokens")
 RUN_SETTINGS = ("seed", "limit", "split", "families", "num_problems", "batch_size", "dtype")
 REQUIRED_RATES = ("accuracy", "tokens_per_second", "tokens_per_forward")
 OPTIONAL_RATES = ("num_forward_passes",)
@@ -116,7 +109,7 @@ class EvalReport:
         args: dict[str, Any] = {}
         resolved = self.settings.get("refusion_decoding")
         resolved = resolved if isinstance(resolved, dict) else {}
-        for key in DECODING_KNOBS:
+        for key in REPORTED_SETTINGS:
             value = resolved.get(key, self.settings.get(key))
             if _is_scalar(value):
                 args[key] = value
