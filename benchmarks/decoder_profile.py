@@ -31,7 +31,12 @@ from results_file import write_results
 from refusion_hf import RefusionConfig, RefusionForCausalLM
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.generation import refusion_decoder
-from refusion_hf.generation.refusion_generate import decoding_settings, merge_generation_config
+from refusion_hf.generation.refusion_generate import (
+    answer_lengths,
+    decoding_settings,
+    eos_token_ids,
+    merge_generation_config,
+)
 from refusion_hf.modeling.loading import default_model_path, prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,11 +144,7 @@ def measure(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict, r
         ),
     }
     stats = {name: {"seconds": 0.0, "forward_seconds": 0.0, "forwards": 0, "tokens": 0} for name in runs}
-    eos = set(
-        model.generation_config.eos_token_id
-        if isinstance(model.generation_config.eos_token_id, list)
-        else [model.generation_config.eos_token_id]
-    )
+    eos = set(eos_token_ids(model.generation_config))
     for index, (ids, mask) in enumerate(batches):
         order = list(runs) if index % 2 == 0 else list(runs)[::-1]
         best = {}
@@ -157,8 +158,7 @@ def measure(model, prompts: list[torch.Tensor], batch_size: int, kwargs: dict, r
                     best[name] = (seconds, timer.seconds, timer.calls, output)
         for name, (seconds, forward_seconds, calls, output) in best.items():
             sequences = output.sequences if hasattr(output, "sequences") else output
-            new = sequences[:, ids.shape[1] :].tolist()
-            tokens = sum(next((i + 1 for i, t in enumerate(row) if t in eos), len(row)) for row in new)
+            tokens = sum(answer_lengths(sequences[:, ids.shape[1] :], eos))
             entry = stats[name]
             entry["seconds"] += seconds
             entry["forward_seconds"] += forward_seconds

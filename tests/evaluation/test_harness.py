@@ -11,10 +11,11 @@ import torch
 
 from refusion_hf.evaluation import harness
 from refusion_hf.evaluation.harness import EvalSettings, evaluate_decodings, markdown_table, throughput
-from refusion_hf.evaluation.lm_eval_model import GenerateRecord, answer_lengths
+from refusion_hf.evaluation.lm_eval_model import GenerateRecord
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.evaluation.tasks import load_task
 from refusion_hf.generation.cli import load_model_and_tokenizer
+from refusion_hf.generation.refusion_generate import answer_lengths
 
 
 @pytest.fixture(scope="module")

@@ -33,18 +33,11 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..generation.refusion_generate import eos_token_ids
+from ..generation.refusion_generate import answer_lengths, eos_token_ids
 from ..generation.refusion_generation_config import DECODING_KNOBS, preset_settings
 
 INSTANCES: list[RefusionLM] = []  # models lm-eval built from `--model refusion`: `refusion lm-eval` reads their figures
 KNOBS = (*DECODING_KNOBS, "decoding")  # model args that go to generate()
-
-
-def answer_lengths(new_tokens: torch.LongTensor, eos_ids: set[int]) -> list[int]:
-    """Per row of `new_tokens` [B, N]: tokens up to and including the first EOS (all N when there is none)."""
-    is_eos = torch.isin(new_tokens, torch.tensor(sorted(eos_ids), dtype=new_tokens.dtype, device=new_tokens.device))
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new_tokens.shape[1])
-    return first.tolist()
 
 
 @dataclass

@@ -21,6 +21,7 @@ from ..command_inputs import (
     require_extra,
 )
 from ..modeling.loading import default_model_path, prompt_ids
+from .refusion_generate import answer_lengths, eos_token_ids
 from .refusion_generation_config import DECODING_KNOBS, sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
 
@@ -121,13 +122,6 @@ def _timed_generate(model, input_ids, **kwargs):
     return output, time.perf_counter() - start
 
 
-def _answer_length(tokens: torch.LongTensor, eos_ids: set[int], pad_token_id: int) -> int:
-    for index, token in enumerate(tokens.tolist()):
-        if token in eos_ids:
-            return index + 1
-    return int((tokens != pad_token_id).sum())
-
-
 def run(args: argparse.Namespace) -> int:
     if args.trace_out is not None:
         if Path(args.trace_out).suffix not in (".html", ".png"):
@@ -138,9 +132,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_and_tokenizer(args.model, args.dtype)
     input_ids = encode_prompt(tokenizer, args.prompt)
     overrides = _overrides(args)
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad_token_id = model.generation_config.pad_token_id
+    eos_ids = set(eos_token_ids(model.generation_config))
 
     if input_ids.shape[1] == 0:
         raise CommandError("the prompt encodes to no tokens; give a non-empty prompt.")
@@ -153,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = _timed_generate(model, input_ids, streamer=streamer, **overrides)
     new_tokens = output.sequences[0, input_ids.shape[1] :]
-    length = _answer_length(new_tokens, eos_ids, pad_token_id)
+    [length] = answer_lengths(new_tokens[None], eos_ids)
     print(
         f"[refusion] {length} tokens, {output.num_forward_passes} forward passes, "
         f"{float(output.tokens_per_forward[0]):.2f} tokens/forward, {length / seconds:.1f} tokens/s"
@@ -180,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         **{k: v for k, v in ar_overrides.items() if k != "max_new_tokens"},
     )
     ar_seconds = time.perf_counter() - start
-    ar_length = _answer_length(ar_sequences[0, input_ids.shape[1] :], eos_ids, pad_token_id)
+    [ar_length] = answer_lengths(ar_sequences[:, input_ids.shape[1] :], eos_ids)
     print(
         f"[autoregressive] {ar_length} tokens, {ar_length} forward passes, 1.00 tokens/forward, "
         f"{ar_length / ar_seconds:.1f} tokens/s"

@@ -477,6 +477,14 @@ def check_left_padding(input_ids, attention_mask, config: RefusionGenerationConf
     return attention_mask.long()
 
 
+def answer_lengths(new_tokens: torch.LongTensor, eos_ids: set[int]) -> list[int]:
+    """Per row of generated tokens `new_tokens` [B, N]: the answer's length, up to and including the first EOS (all
+    N when there is none)."""
+    is_eos = torch.isin(new_tokens, torch.tensor(sorted(eos_ids), dtype=new_tokens.dtype, device=new_tokens.device))
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new_tokens.shape[1])
+    return first.tolist()
+
+
 def eos_token_ids(config: GenerationConfig) -> tuple[int, ...]:
     eos = config.eos_token_id
     return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
