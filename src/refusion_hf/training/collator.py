@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ def _as_int_list(value: Any, what: str) -> list[int]:
     return list(value)
 
 
+@dataclass
 class RefusionDataCollator(DataCollatorMixin):
     """
     Builds ReFusion training batches: `[prompt] + [clean slots, permuted] + [masked slots, in order] + [padding]`.
@@ -87,53 +89,46 @@ class RefusionDataCollator(DataCollatorMixin):
           not the batch is packed.
     """
 
-    def __init__(
-        self,
-        tokenizer=None,
-        mask_token_id: int | None = None,
-        slot_sizes: Sequence[int] = DEFAULT_SLOT_SIZES,
-        eps: float = DEFAULT_EPS,
-        seed: int | None = None,
-        pad_token_id: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        packing_length: int | None = None,
-        return_tensors: str = "pt",
-    ):
-        if mask_token_id is None and tokenizer is not None:
-            mask_token_id = tokenizer.mask_token_id
-        if mask_token_id is None:
+    tokenizer: Any = None
+    mask_token_id: int | None = None
+    slot_sizes: Sequence[int] = DEFAULT_SLOT_SIZES
+    eps: float = DEFAULT_EPS
+    seed: int | None = None
+    pad_token_id: int | None = None
+    pad_to_multiple_of: int | None = None
+    packing_length: int | None = None
+    return_tensors: str = "pt"
+    epoch: int = field(default=0, init=False)
+
+    def __post_init__(self):
+        if self.mask_token_id is None and self.tokenizer is not None:
+            self.mask_token_id = self.tokenizer.mask_token_id
+        if self.mask_token_id is None:
             raise ValueError(
                 "mask_token_id: no mask token id was given and the tokenizer has no mask token. Pass "
                 "`mask_token_id=model.config.mask_token_id`, or add `<|mask|>` to the checkpoint with "
                 "`refusion convert`."
             )
-        slot_sizes = tuple(slot_sizes)
-        if not slot_sizes or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in slot_sizes):
-            raise ValueError(f"slot_sizes must be a non-empty sequence of positive integers, got {slot_sizes!r}.")
-        if not 0.0 < eps <= 1.0:
-            raise ValueError(f"eps must lie in (0, 1] (p_mask = (1 - eps) * t + eps), got {eps!r}.")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an int or None, got {seed!r}.")
-        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {pad_to_multiple_of!r}.")
-        if packing_length is not None and (
-            isinstance(packing_length, bool) or not isinstance(packing_length, int) or packing_length < 1
-        ):
-            raise ValueError(f"packing_length must be a positive number of tokens or None, got {packing_length!r}.")
-        if return_tensors not in ("pt", "np"):
-            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}.")
-        if pad_token_id is None and tokenizer is not None:
-            pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.tokenizer = tokenizer
-        self.mask_token_id = int(mask_token_id)
-        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else self.mask_token_id
-        self.slot_sizes = slot_sizes
-        self.eps = float(eps)
-        self.seed = seed
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.packing_length = packing_length
-        self.return_tensors = return_tensors
-        self.epoch = 0
+        self.slot_sizes = tuple(self.slot_sizes)
+        if not self.slot_sizes or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.slot_sizes):
+            raise ValueError(f"slot_sizes must be a non-empty sequence of positive integers, got {self.slot_sizes!r}.")
+        if not 0.0 < self.eps <= 1.0:
+            raise ValueError(f"eps must lie in (0, 1] (p_mask = (1 - eps) * t + eps), got {self.eps!r}.")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}.")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {self.pad_to_multiple_of!r}.")
+        length = self.packing_length
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ValueError(f"packing_length must be a positive number of tokens or None, got {length!r}.")
+        if self.return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors must be 'pt' or 'np', got {self.return_tensors!r}.")
+        tokenizer = self.tokenizer
+        if self.pad_token_id is None and tokenizer is not None:
+            self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.mask_token_id = int(self.mask_token_id)
+        self.pad_token_id = int(self.pad_token_id) if self.pad_token_id is not None else self.mask_token_id
+        self.eps = float(self.eps)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the (seeded) draws of this epoch differ from those of every other epoch."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -67,6 +68,7 @@ def padded_width(rows: list[list[int]], lengths: Sequence[int], pad_to_multiple_
     return width
 
 
+@dataclass
 class PackedCausalLMCollator(DataCollatorMixin):
     """
     Causal-LM batches with the examples packed into rows of `packing_length` tokens, for stock models.
@@ -91,30 +93,27 @@ class PackedCausalLMCollator(DataCollatorMixin):
     reads position ids as permuted positions instead, so pack its batches with `RefusionDataCollator`.
     """
 
-    def __init__(
-        self,
-        tokenizer=None,
-        *,
-        packing_length: int,
-        pad_token_id: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        return_tensors: str = "pt",
-    ):
-        if pad_token_id is None and tokenizer is not None:
-            pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad_token_id is None:
+    tokenizer: Any = None
+    _: KW_ONLY
+    packing_length: int
+    pad_token_id: int | None = None
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def __post_init__(self):
+        tokenizer = self.tokenizer
+        if self.pad_token_id is None and tokenizer is not None:
+            self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.pad_token_id is None:
             raise ValueError("pad_token_id: give one, or a tokenizer with a pad or EOS token.")
-        if isinstance(packing_length, bool) or not isinstance(packing_length, int) or packing_length < 1:
-            raise ValueError(f"packing_length must be a positive number of tokens, got {packing_length!r}.")
-        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {pad_to_multiple_of!r}.")
-        if return_tensors not in ("pt", "np"):
-            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}.")
-        self.tokenizer = tokenizer
-        self.packing_length = packing_length
-        self.pad_token_id = int(pad_token_id)
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.return_tensors = return_tensors
+        length = self.packing_length
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"packing_length must be a positive number of tokens, got {length!r}.")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive integer or None, got {self.pad_to_multiple_of!r}.")
+        if self.return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors must be 'pt' or 'np', got {self.return_tensors!r}.")
+        self.pad_token_id = int(self.pad_token_id)
 
     def numpy_call(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         return {
