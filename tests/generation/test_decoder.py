@@ -1,5 +1,6 @@
 """The decoder's building blocks and its cache invariant."""
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,10 +21,12 @@ def test_prefix_length_is_the_leading_run(flags):
 
 
 def test_next_token_probs_shifts_by_one():
-    probs = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.125, 0.875]])
+    probs = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.125, 0.875]], dtype=torch.float64)
     tokens = torch.tensor([0, 1, 0])
-    # entry j = P(tokens[j] | position j-1); entry 0 is undefined (0)
-    assert next_token_probs(probs, tokens).tolist() == [0.0, 0.75, 0.5]
+    # entry j = P(tokens[j] | position j-1) under the softmax of position j-1's scores; entry 0 is undefined (0).
+    # Scores are log-probabilities shifted by an arbitrary constant per row (softmax ignores it).
+    scores = probs.log() + torch.tensor([[3.0], [-7.0], [0.5]], dtype=torch.float64)
+    assert next_token_probs(scores, tokens).tolist() == pytest.approx([0.0, 0.75, 0.5], abs=1e-12)
 
 
 def test_block_diagonal_causal():

@@ -105,11 +105,12 @@ def block_diagonal_causal(num_slots: int, slot_size: int, device) -> torch.BoolT
     return torch.block_diag(*[causal(slot_size, device)] * num_slots)
 
 
-def next_token_probs(probs_of: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
-    """probs_of: [..., n, V] probabilities from each position; returns [..., n] where entry j (j >= 1) is the
-    probability of tokens[..., j] given the position before it. Entry 0 is undefined (set to 0)."""
-    gathered = probs_of[..., :-1, :].gather(-1, tokens[..., 1:, None]).squeeze(-1)
-    first = torch.zeros(tokens[..., :1].shape, dtype=probs_of.dtype, device=probs_of.device)
+def next_token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+    """scores: [..., n, V] (log-)scores at each position; returns [..., n] where entry j (j >= 1) is the
+    probability of tokens[..., j] given the position before it (softmax of that position's scores). Entry 0 is
+    undefined (set to 0)."""
+    gathered = DraftPolicy.token_probs(scores[..., :-1, :], tokens[..., 1:])
+    first = torch.zeros(tokens[..., :1].shape, dtype=gathered.dtype, device=gathered.device)
     return torch.cat([first, gathered], dim=-1)
 
 
@@ -350,7 +351,7 @@ class SequenceDecoder:
         self.step += 1
         scores = self._scores(logits, lambda: self._slot_positions(self.pool))  # a mask predicts itself
         drafts = self.policy.draw(scores)  # [len(pool)*k]
-        draft_probs = self.policy.probs(scores).gather(-1, drafts[:, None]).squeeze(-1)
+        draft_probs = self.policy.token_probs(scores, drafts)
         scores = draft_probs.view(-1, k)[:, 0]  # [P] probability of each slot's first draft (P = len(pool))
         confident = (draft_probs.view(-1, k)[:, 1:] > settings.token_threshold).all(-1)  # [P]
         # One host read for the plan's decisions: which slots pass, the best one (taken when none passes), and
@@ -376,7 +377,7 @@ class SequenceDecoder:
         n = len(chosen.slots)
         flat = chosen.tokens.flatten()  # [n*k]
         scores = self._scores(logits, lambda: self._next_positions(self._slot_positions(chosen.slots)))
-        confidence = next_token_probs(self.policy.probs(scores), flat).view(n, k)
+        confidence = next_token_probs(scores, flat).view(n, k)
         confidence[:, 0] = chosen.scores  # a slot's first token keeps its planning score
         accepted = confidence > self.settings.token_threshold
         accepted[:, 0] = True  # ... and is always accepted
@@ -413,9 +414,7 @@ class SequenceDecoder:
         scores = self._scores(logits, lambda: self._slot_positions([chosen.slots[i] for i in unfinished]))
         proposals = self.policy.draw(scores)
         # [unfinished, k]; only planning ahead reads the draft probabilities
-        probs = (
-            self.policy.probs(scores).gather(-1, proposals[:, None]).view(-1, k) if self.settings.plan_ahead else None
-        )
+        probs = self.policy.token_probs(scores, proposals).view(-1, k) if self.settings.plan_ahead else None
         proposals = proposals.view(-1, k)
         for row, i in enumerate(unfinished):
             done = chosen.verified[i]
@@ -436,7 +435,7 @@ class SequenceDecoder:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         scores = self._scores(logits, lambda: self._slot_positions(chosen.slots) + 1)  # row j scores j + 1
-        confidence = next_token_probs(self.policy.probs(scores).view(n, k, -1), chosen.tokens)  # [n, k]
+        confidence = next_token_probs(scores.view(n, k, -1), chosen.tokens)  # [n, k]
         already = torch.tensor(chosen.verified, device=self.device)
         # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
         forced = torch.arange(k, device=self.device)[None, :] <= already[:, None]

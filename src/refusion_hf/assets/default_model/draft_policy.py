@@ -60,8 +60,10 @@ class DraftPolicy:
         return scores
 
     @staticmethod
-    def probs(scores: torch.Tensor) -> torch.Tensor:
-        return scores.softmax(-1)
+    def token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+        """scores [..., V], tokens [...] -> the probability of each token under the softmax of its row, as
+        exp(score - logsumexp): the full-vocabulary probabilities are never materialised."""
+        return (scores.gather(-1, tokens[..., None]).squeeze(-1) - scores.logsumexp(-1)).exp()
 
     def draw(self, scores: torch.Tensor) -> torch.LongTensor:
         """Constrained scores [n, V] -> drafted tokens [n]."""
