@@ -125,9 +125,11 @@ def test_code_problems_need_the_opt_in(embedded, monkeypatch):
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
     model, tokenizer = embedded
     task, problems = synthetic_task(0, 3)
-    install(monkeypatch, Script({d: {p: "x" for p in problems} for d in ("refusion", "autoregressive")}))
+    script = Script({d: {p: "x" for p in problems} for d in ("refusion", "autoregressive")})
+    install(monkeypatch, script)
     with pytest.raises(PermissionError, match="HF_ALLOW_CODE_EVAL=1"):
         evaluate_decodings(model, tokenizer, task, EvalSettings())
+    assert script.calls == []  # refused before decoding anything
 
 
 def test_one_decoding_alone_for_a_baseline_model(embedded, monkeypatch):

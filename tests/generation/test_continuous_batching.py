@@ -73,6 +73,8 @@ def test_finished_rows_are_replaced_at_once(model64):
         ({"persistent_manager": True}, "persistent_manager=True"),
         ({"continuous_batching_config": ContinuousBatchingConfig(max_batch_tokens=256)}, "max_batch_tokens"),
         ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"max_length": 12}, "pass `max_new_tokens`"),
+        ({"decoding": "autoregressive", "do_sample": True}, r"would ignore \['do_sample'\]"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(model32, kwargs, message):

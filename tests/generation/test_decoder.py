@@ -56,7 +56,7 @@ def test_cache_holds_exactly_the_committed_tokens(model64):
         assert kwargs["input_ids"].shape[0] == 1, "one row: slots are packed, never copied per slot"
 
     def on_step(sequences):
-        committed_after_step.append(int(sequences[0].committed.sum()))
+        committed_after_step.append(sum(sequences[0].written))
 
     hook = model64.register_forward_pre_hook(before_forward, with_kwargs=True)
     try:

@@ -246,7 +246,7 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
     from ..modeling.loading import default_model_path
     from .code_eval import execution_timeout
     from .harness import EvalSettings, evaluate_decodings, markdown_table
-    from .tasks import load_task
+    from .tasks import executes_code, load_task
 
     metadata = None
     if args.suite == "synthetic":
@@ -258,13 +258,13 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         hint = " (offline: pass --data-file PATH, a local copy of its test split)" if args.data_file is None else ""
         raise CommandError(f"--suite {args.suite}: {first_line(str(error))}{hint}") from error
-    executes_code = bool(getattr(task, "UNSAFE_CODE", False)) or "code" in (families or [])
-    if executes_code and not allowed:
+    runs_code = executes_code(task)
+    if runs_code and not allowed:
         raise CommandError(
             f"--suite {args.suite} executes generated code: pass --allow-code-execution or set {ALLOW_ENV_VAR}=1."
         )
     code_sandbox = None
-    if executes_code:
+    if runs_code:
         try:
             code_sandbox = isolation_report()  # refuses here, before any model work, when it cannot be set up
         except SandboxUnavailable as error:

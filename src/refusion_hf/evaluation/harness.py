@@ -25,6 +25,8 @@ import torch
 
 from ..generation.refusion_generation_config import DECODING_KNOBS, preset_settings, sampling_arguments
 from .lm_eval_model import GenerateRecord, RefusionLM
+from .sandbox import require_opt_in
+from .tasks import executes_code
 
 DECODINGS = ("refusion", "autoregressive")
 WARMUP_TOKENS = 8
@@ -190,11 +192,13 @@ def evaluate_decodings(
         raise ValueError(f"--batch-size must be >= 1, got {settings.batch_size}.")
     if settings.timing_repeats < 1:
         raise ValueError(f"--timing-repeats must be >= 1, got {settings.timing_repeats}.")
+    runs_code = executes_code(task)
+    if runs_code:
+        require_opt_in()  # before any decoding, not when the first answer is scored
     task.set_config(key="generation_kwargs", value=settings.generation_kwargs(), update=True)
     lm = SideBySideLM(model, tokenizer, settings, decodings, progress=progress)
     name = task.task_name
     filter_name = primary_filter(task)
-    unsafe = bool(getattr(task, "UNSAFE_CODE", False))
     results: dict = {}
     per_problem: dict[int, dict] = {}
     for decoding in decodings:
@@ -207,7 +211,7 @@ def evaluate_decodings(
             apply_chat_template=settings.apply_chat_template,
             fewshot_as_multiturn=settings.apply_chat_template,
             bootstrap_iters=0,
-            confirm_run_unsafe_code=unsafe,
+            confirm_run_unsafe_code=runs_code,  # the opt-in was checked above
         )
         samples = [s for s in out["samples"][name] if s.get("filter", filter_name) == filter_name]
         if not samples:

@@ -46,6 +46,7 @@ def _bundled_data(dataset_path: str | None) -> Path | None:
 
 
 def _offline() -> bool:
+    """Read at call time (huggingface_hub.is_offline_mode() is fixed when it is imported)."""
     return any(
         os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     )
@@ -93,6 +94,15 @@ def data_overrides(config: dict[str, Any], data_file: str | Path | None, num_few
     if fewshot_split not in (None, split):  # no few-shot examples are drawn (checked above); the split is absent
         overrides.update(fewshot_split=None, training_split=None)
     return overrides
+
+
+def executes_code(task) -> bool:
+    """Whether scoring `task` runs generated code: lm-eval's `unsafe_code` flag, or docs of the synthetic suite's
+    code family."""
+    if getattr(task, "UNSAFE_CODE", False):
+        return True
+    docs = task.eval_docs
+    return "family" in getattr(docs, "column_names", ()) and "code" in set(docs["family"])
 
 
 def load_task(

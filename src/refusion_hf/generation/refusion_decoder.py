@@ -160,8 +160,7 @@ class SequenceDecoder:
         self.prompt_length = prompt.shape[0]
         k, length = settings.slot_size, settings.canvas_length
         self.canvas = torch.full((length,), settings.mask_token_id, dtype=torch.long, device=device)
-        self.committed = torch.zeros(length, dtype=torch.bool, device=device)
-        self.written = bytearray(length)  # host copy of `committed` (decisions read it without a device sync)
+        self.written = bytearray(length)  # 1 where the canvas holds a committed token (host-side: no device sync)
         self._prefix = 0  # committed positions 0 .. _prefix - 1 (only grows)
         self.commit_step = torch.full((length,), -1, dtype=torch.long, device=device)
         self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
@@ -405,7 +404,7 @@ class SequenceDecoder:
         in_infill = set(chosen.slots)
         self.pool = [slot for slot in self.pool if slot not in in_infill]
         self.stage = Stage.INFILL_DRAFT
-        return self._nothing()
+        return 0  # nothing of this query is committed
 
     def _infill_draft(self, logits: torch.Tensor) -> int:
         k, chosen = self.settings.slot_size, self.chosen
@@ -429,7 +428,7 @@ class SequenceDecoder:
             confident = ((chosen.draft_probs > self.settings.token_threshold) | ~pending).all(-1)
             chosen.confident = confident.tolist()
         self.stage = Stage.INFILL_VERIFY
-        return self._nothing()
+        return 0  # nothing of this query is committed
 
     def _infill_verify(self, logits: torch.Tensor) -> int:
         k, chosen = self.settings.slot_size, self.chosen
@@ -454,7 +453,7 @@ class SequenceDecoder:
             self._drop_after(chosen.slots[ending])
         if min(chosen.verified) < k:
             self.stage = Stage.INFILL_DRAFT
-            return self._nothing()
+            return 0  # nothing of this query is committed
         # Every slot complete: append them in position order with the KV each computed on its own. Only the last
         # one can hold an EOS (an earlier one would have ended the answer), found in this round's read.
         flat = chosen.tokens.flatten()
@@ -471,7 +470,6 @@ class SequenceDecoder:
         positions = [slot * k + j for slot in slots for j in range(k)][: tokens.shape[0]]
         index = torch.tensor(positions, dtype=torch.long, device=self.device)
         self.canvas[index] = tokens
-        self.committed[index] = True
         self.commit_step[index] = self.step
         for position in positions:
             self.written[position] = 1
@@ -485,10 +483,6 @@ class SequenceDecoder:
         """An EOS was accepted in `eos_slot`: drop undecoded slots after it; stop after this block."""
         self.pool = [slot for slot in self.pool if slot < eos_slot]
         self.ends_after_block = True
-
-    @staticmethod
-    def _nothing() -> int:
-        return 0
 
     def _finish_iteration(self, keep: int) -> int:
         self.chosen = None

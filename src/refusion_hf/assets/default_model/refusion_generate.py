@@ -257,10 +257,24 @@ def refusion_generate_batch(
     config, _ = merge_generation_config(model, generation_config, dict(kwargs))
     if config.decoding == "autoregressive":
         stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "preset")}
+        ignored = sorted(set(stock_kwargs) - {"max_new_tokens"})
+        if ignored:  # transformers' generate_batch reads only `max_new_tokens` from its keyword arguments
+            raise ValueError(
+                f"`generate_batch(decoding='autoregressive')` would ignore {ignored}: transformers' own "
+                "generate_batch reads only `max_new_tokens` as a keyword; put the rest in `generation_config`."
+            )
         return GenerationMixin.generate_batch(
             model, inputs, generation_config, continuous_batching_config, record_timestamps, progress_bar,
             persistent_manager, warmup, **stock_kwargs,
         )  # fmt: skip
+    lengths = [n for n in ("max_length", "min_length") if kwargs.get(n) is not None]
+    if generation_config is not None:
+        lengths += [n for n in ("max_length", "min_length") if getattr(generation_config, n, None) is not None]
+    if lengths:
+        raise ValueError(
+            f"`generate_batch` takes lengths per request: `{lengths[0]}` would count a padded prompt that requests "
+            "do not have; pass `max_new_tokens` / `min_new_tokens`."
+        )
     given = [n for n in ("stop_strings", "max_time") if getattr(config, n, None) is not None]
     given += [n for n in ("stopping_criteria", "streamer") if kwargs.get(n)]
     if given:
