@@ -1,32 +1,39 @@
-"""Train the embedded default ReFusion model: the paper's recipe at small scale, on 2 CPU cores.
+"""Train the embedded default ReFusion model and its controlled AR baseline: the paper's comparison (Table 2: one
+AR initialisation, the same data, the same steps) at small scale, on 2 CPU cores.
 
-Stages (each writes a folder under --work-dir and is skipped when that folder is complete, so the recipe can be
-resumed or partly re-run):
+Stages (each writes a folder under --work-dir and is skipped when complete; a stage that was interrupted resumes
+from its last checkpoint, so the recipe can be stopped and rerun at any point):
 
-1. data       train / held-out JSONL from the seeded synthetic suite (`refusion_hf.evaluation.synthetic_tasks`).
-2. tokenizer  a byte-level BPE trained here on the training text (one token per digit, so arithmetic is
-              learnable), with a chat template; special tokens <|endoftext|> (pad), <|im_start|>, <|im_end|> (EOS).
-3. ar_base    a small Qwen3 trained from scratch as an ordinary causal LM with the stock `Trainer` (loss on the
-              answer + EOS only, the prompt is context).
-4. converted  `refusion convert` (adds <|mask|> and <|beginoftext|>, mean-initialised rows, our config + code).
-5. refusion   `refusion train`: ReFusion fine-tuning (slot-permutation collator, AR + MDM loss) for N steps.
-6. ar_continued  the controlled baseline: the same ar_base trained autoregressively for the same N extra steps.
+1. data          train JSONL from the seeded synthetic suite (`refusion_hf.evaluation.synthetic_tasks`).
+2. tokenizer     a byte-level BPE trained here on the training text (one token per digit, so arithmetic is
+                 learnable), with a chat template; special tokens <|endoftext|> (pad), <|im_start|>, <|im_end|> (EOS).
+3. ar_base       a small Qwen3 trained from scratch as an ordinary causal LM with the stock `Trainer` (loss on the
+                 answer + EOS only) at a constant learning rate until it has converged: every --ar-eval-every steps
+                 its greedy autoregressive accuracy on held-out problems (test split, --validation-seed, a seed used
+                 for nothing else) is measured, and training stops after --ar-patience evaluations without a gain
+                 of more than --ar-min-gain (`validation.json` keeps the curve).
+4. converted     `refusion convert` (adds <|mask|> and <|beginoftext|>, mean-initialised rows, our config + code).
+5. refusion_*    `refusion train` from the converted model: ReFusion fine-tuning (slot-permutation collator, AR +
+                 MDM loss), --finetune-steps with a cosine schedule; --slot-sizes and --ar-fraction (the share of
+                 plain autoregressive examples mixed in) name the variant's folder.
+6. ar_continued  the controlled baseline: the same ar_base trained autoregressively on the same data for the same
+                 steps with the same schedule.
 
 Every training stage packs each batch's 32 examples into rows of --packing-length tokens (`PackedCausalLMCollator`,
 `refusion train --packing-length`) instead of padding them to the longest: the same examples and losses per step,
 steps about 1.2x faster (`benchmarks/packing_speed.py`). `--packing-length 0` pads instead.
 
-Step counts: 1,400 AR steps, then 1,400 + 2,900 ReFusion steps (and as many AR baseline steps): about 60 minutes
-on 2 cores (59.7 as run). ReFusion decoding accuracy grows steeply with fine-tuning steps (0.28 to 0.37 after the
-first segment, 0.57 to 0.73 at the end, on two test seeds), so the budget goes to fine-tuning rather than to a
-longer AR pretraining (README: "The embedded default model").
+Each stage's wall time goes to `<work-dir>/timings.json`. With --install, the ReFusion model is copied (with the
+decoding defaults of --decoding in its generation_config.json) into the package at
+src/refusion_hf/assets/default_model, and the AR baseline to benchmarks/models/ar_baseline (both bfloat16).
+Run it at low priority while doing other work:
 
-Each stage's wall time goes to `<work-dir>/timings.json`.
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --install
 
-Then the ReFusion model is copied (with tuned decoding defaults in its generation_config.json) into the package
-at src/refusion_hf/assets/default_model when --install is given.
+A variant of the ReFusion branch reuses every earlier stage:
 
-    .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --install
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --ar-fraction 0.25 \
+        --stop-after refusion
 """
 
 from __future__ import annotations
@@ -47,14 +54,19 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
 )
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.cli import main as refusion_cli
-from refusion_hf.evaluation.synthetic_tasks import write_jsonl
+from refusion_hf.evaluation.lm_eval_tasks.synthetic_suite import DEFAULT_FAMILIES, is_correct
+from refusion_hf.evaluation.synthetic_tasks import generate_problems, write_jsonl
+from refusion_hf.modeling.loading import prompt_ids
 from refusion_hf.training import PackedCausalLMCollator
 from refusion_hf.training.data import load_sft_dataset
+from refusion_hf.training.train_cli import resolve_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_MODEL = ROOT / "src" / "refusion_hf" / "assets" / "default_model"
@@ -64,7 +76,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TRAIN_SEED = 1234
-SEGMENT_SEEDS = (TRAIN_SEED, 4321)  # seeds of the ReFusion fine-tuning segments
+AR_BASELINE = ROOT / "benchmarks" / "models" / "ar_baseline"
 
 
 def log(message: str) -> None:
@@ -141,23 +153,37 @@ def stage_tokenizer(work: Path, data: Path, vocab_size: int) -> Path:
 
 
 def training_arguments(output_dir: Path, steps: int, learning_rate: float, batch_size: int, **extra):
+    """The stages' shared arguments: a checkpoint every `save_steps` (the last two kept) so that a killed stage
+    resumes where it stopped."""
+    settings = {
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": min(200, steps // 10),
+        "save_strategy": "steps",
+        "save_steps": 500,
+        "save_total_limit": 2,
+        **extra,
+    }
     return TrainingArguments(
         output_dir=str(output_dir),
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=min(200, steps // 10),
         weight_decay=0.01,
         logging_steps=50,
-        save_strategy="no",
         report_to="none",
         use_cpu=True,
         seed=TRAIN_SEED,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        **extra,
+        **settings,
     )
+
+
+def last_checkpoint(folder: Path) -> str | None:
+    """The newest complete checkpoint of an interrupted stage (None when it never saved one)."""
+    if not any(folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")):
+        return None
+    return resolve_checkpoint("last", str(folder))
 
 
 def causal_lm_features(data_file: Path, tokenizer) -> list[dict]:
@@ -176,23 +202,99 @@ def causal_lm_collator(tokenizer, packing_length: int):
     return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
 
 
-def train_causal_lm(model, tokenizer, features, output_dir: Path, steps: int, learning_rate: float, args):
+def train_causal_lm(model, tokenizer, features, output_dir: Path, arguments: TrainingArguments, args, callbacks=()):
     trainer = Trainer(
         model=model,
-        args=training_arguments(output_dir, steps, learning_rate, args.batch_size),
+        args=arguments,
         train_dataset=features,
         data_collator=causal_lm_collator(tokenizer, args.packing_length),
+        callbacks=list(callbacks),
     )
-    trainer.train()
+    resume = last_checkpoint(output_dir)
+    if resume:
+        log(f"{output_dir.name}: resuming from {Path(resume).name}")
+    trainer.train(resume_from_checkpoint=resume)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     trainer.state.save_to_json(str(output_dir / "trainer_state.json"))
+    for checkpoint in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        shutil.rmtree(checkpoint)
+
+
+# -- convergence of the autoregressive pretraining ---------------------------------------------------------------
+
+
+def validation_problems(seed: int, n: int):
+    """Held-out problems (the test split, a seed used for nothing else) that decide when pretraining has
+    converged; arithmetic and listing, the families `refusion eval` scores without executing code."""
+    return generate_problems("test", n, seed=seed, families=list(DEFAULT_FAMILIES))
+
+
+@torch.no_grad()
+def autoregressive_accuracy(model, tokenizer, problems, max_new_tokens: int = 64, batch_size: int = 100) -> float:
+    """Greedy autoregressive accuracy of a causal LM on synthetic problems (stock `generate`, left padding)."""
+    was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"
+    correct = 0
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        batch = tokenizer.pad([{"input_ids": prompt_ids(tokenizer, p.prompt)} for p in chunk], return_tensors="pt")
+        output = model.generate(
+            **batch,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        texts = tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+        correct += sum(is_correct(p.family, text, p.target) for p, text in zip(chunk, texts))
+    model.train(was_training)
+    return correct / len(problems)
+
+
+class PlateauStopping(TrainerCallback):
+    """Every `every` steps: autoregressive accuracy on the validation problems; training stops once `patience`
+    evaluations in a row have not beaten the best before them by more than `min_gain` (a measured plateau), or
+    at `max_steps`. The history is kept in `history_path` (a resumed run drops what came after its checkpoint)."""
+
+    def __init__(self, tokenizer, problems, every: int, patience: int, min_gain: float, history_path: Path):
+        self.tokenizer, self.problems = tokenizer, problems
+        self.every, self.patience, self.min_gain = every, patience, min_gain
+        self.history_path = history_path
+        self.history = json.loads(history_path.read_text()) if history_path.exists() else []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.history = [entry for entry in self.history if entry["step"] <= state.global_step]
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every:
+            return
+        accuracy = autoregressive_accuracy(model, self.tokenizer, self.problems)
+        loss = next((entry["loss"] for entry in reversed(state.log_history) if "loss" in entry), None)
+        self.history.append({"step": state.global_step, "accuracy": accuracy, "loss": loss})
+        self.history_path.write_text(json.dumps(self.history, indent=2) + "\n")
+        log(f"step {state.global_step}: validation accuracy {accuracy:.3f} (loss {loss})")
+        if self.plateaued():
+            log(f"plateau: no gain above {self.min_gain} in the last {self.patience} evaluations; stopping")
+            control.should_training_stop = True
+            control.should_save = True
+
+    def plateaued(self) -> bool:
+        if len(self.history) <= self.patience:
+            return False
+        accuracies = [entry["accuracy"] for entry in self.history]
+        best_before = max(accuracies[: -self.patience])
+        return best_before >= 1.0 or max(accuracies[-self.patience :]) <= best_before + self.min_gain
 
 
 def stage_ar_base(work: Path, data: Path, tokenizer_dir: Path, args) -> Path:
+    """Autoregressive pretraining from scratch at a constant learning rate (after warm-up) until the validation
+    accuracy plateaus: the converged AR model both branches start from."""
     folder = work / "ar_base"
     if (folder / "model.safetensors").exists():
         return folder
+    folder.mkdir(parents=True, exist_ok=True)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     config = Qwen3Config(
         vocab_size=len(tokenizer),
@@ -210,9 +312,27 @@ def stage_ar_base(work: Path, data: Path, tokenizer_dir: Path, args) -> Path:
     )
     torch.manual_seed(TRAIN_SEED)
     model = Qwen3ForCausalLM(config)
-    log(f"ar_base: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {args.ar_steps} steps")
+    parameters = sum(p.numel() for p in model.parameters()) / 1e6
+    log(f"ar_base: {parameters:.2f}M parameters, at most {args.ar_max_steps} steps")
     features = causal_lm_features(data / "train.jsonl", tokenizer)
-    train_causal_lm(model, tokenizer, features, folder, args.ar_steps, args.ar_learning_rate, args)
+    plateau = PlateauStopping(
+        tokenizer,
+        validation_problems(args.validation_seed, args.validation_problems),
+        every=args.ar_eval_every,
+        patience=args.ar_patience,
+        min_gain=args.ar_min_gain,
+        history_path=folder / "validation.json",
+    )
+    arguments = training_arguments(
+        folder,
+        args.ar_max_steps,
+        args.ar_learning_rate,
+        args.batch_size,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=200,
+        save_steps=args.ar_eval_every,
+    )
+    train_causal_lm(model, tokenizer, features, folder, arguments, args, callbacks=[plateau])
     return folder
 
 
@@ -223,62 +343,79 @@ def stage_convert(work: Path, ar_base: Path) -> Path:
     return folder
 
 
+def variant_name(args) -> str:
+    """The ReFusion branch's folder: its slot sizes and the share of plain autoregressive examples."""
+    return f"refusion_k{args.slot_sizes.replace(',', '-')}_ar{args.ar_fraction:g}"
+
+
 def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
-    """ReFusion fine-tuning in segments (each a fresh cosine schedule continuing from the previous weights)."""
-    source = converted
-    for index, steps in enumerate(args.finetune_steps):
-        folder = work / ("refusion" if index == 0 else f"refusion{index + 1}")
-        if not (folder / "model.safetensors").exists():
-            log(f"{folder.name}: {steps} steps")
-            refusion_cli(
-                [
-                    "train",
-                    "--model",
-                    str(source),
-                    "--data",
-                    str(data / "train.jsonl"),
-                    "--output-dir",
-                    str(folder),
-                    "--slot-sizes",
-                    args.slot_sizes,
-                    *(["--packing-length", str(args.packing_length)] if args.packing_length else []),
-                    "--max-steps",
-                    str(steps),
-                    "--learning-rate",
-                    str(args.finetune_learning_rate),
-                    "--per-device-train-batch-size",
-                    str(args.batch_size),
-                    "--lr-scheduler-type",
-                    "cosine",
-                    "--warmup-steps",
-                    "50",
-                    "--logging-steps",
-                    "100",
-                    "--save-strategy",
-                    "no",
-                    "--report-to",
-                    "none",
-                    "--use-cpu",
-                    "--seed",
-                    str(SEGMENT_SEEDS[index % len(SEGMENT_SEEDS)]),
-                    "--disable-tqdm",
-                    "true",
-                ]
-            )
-        source = folder
-    return source
+    """ReFusion fine-tuning of the converted AR model (`refusion train`), resumable from its checkpoints."""
+    folder = work / variant_name(args)
+    if (folder / "model.safetensors").exists():
+        return folder
+    log(f"{folder.name}: {args.finetune_steps} steps")
+    resume = last_checkpoint(folder)
+    refusion_cli(
+        [
+            "train",
+            "--model",
+            str(converted),
+            "--data",
+            str(data / "train.jsonl"),
+            "--output-dir",
+            str(folder),
+            "--slot-sizes",
+            args.slot_sizes,
+            "--ar-fraction",
+            str(args.ar_fraction),
+            *(["--packing-length", str(args.packing_length)] if args.packing_length else []),
+            "--max-steps",
+            str(args.finetune_steps),
+            "--learning-rate",
+            str(args.finetune_learning_rate),
+            "--per-device-train-batch-size",
+            str(args.batch_size),
+            "--lr-scheduler-type",
+            "cosine",
+            "--warmup-steps",
+            "50",
+            "--logging-steps",
+            "100",
+            "--save-strategy",
+            "steps",
+            "--save-steps",
+            "500",
+            "--save-total-limit",
+            "2",
+            "--report-to",
+            "none",
+            "--use-cpu",
+            "--seed",
+            str(TRAIN_SEED),
+            "--disable-tqdm",
+            "true",
+            *(["--resume-from-checkpoint", resume] if resume else []),
+        ]
+    )
+    for checkpoint in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        shutil.rmtree(checkpoint)
+    return folder
 
 
 def stage_ar_continued(work: Path, data: Path, ar_base: Path, args) -> Path:
+    """The controlled baseline: the same converged AR model, trained autoregressively on the same data for as many
+    steps, with the same schedule, as the ReFusion branch."""
     folder = work / "ar_continued"
     if (folder / "model.safetensors").exists():
         return folder
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ar_base)
     model = Qwen3ForCausalLM.from_pretrained(ar_base)
-    steps = sum(args.finetune_steps)
-    log(f"ar_continued: {steps} more autoregressive steps")
+    log(f"ar_continued: {args.finetune_steps} more autoregressive steps")
     features = causal_lm_features(data / "train.jsonl", tokenizer)
-    train_causal_lm(model, tokenizer, features, folder, steps, args.finetune_learning_rate, args)
+    arguments = training_arguments(
+        folder, args.finetune_steps, args.finetune_learning_rate, args.batch_size, warmup_steps=50
+    )
+    train_causal_lm(model, tokenizer, features, folder, arguments, args)
     return folder
 
 
@@ -303,6 +440,17 @@ def install(refusion_dir: Path, decoding: dict) -> None:
     log(f"installed into {PACKAGE_MODEL} ({size / 1e6:.1f} MB)")
 
 
+def install_baseline(ar_dir: Path) -> None:
+    """The controlled AR baseline next to the benchmarks (bfloat16, model + tokenizer + trainer state), so the
+    comparison can be rerun without training."""
+    if AR_BASELINE.exists():
+        shutil.rmtree(AR_BASELINE)
+    Qwen3ForCausalLM.from_pretrained(ar_dir, dtype=torch.bfloat16).save_pretrained(AR_BASELINE)
+    PreTrainedTokenizerFast.from_pretrained(ar_dir).save_pretrained(AR_BASELINE)
+    shutil.copyfile(ar_dir / "trainer_state.json", AR_BASELINE / "trainer_state.json")
+    log(f"installed the AR baseline into {AR_BASELINE}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", default=str(ROOT / "out" / "default_model"))
@@ -317,18 +465,25 @@ def main(argv: list[str] | None = None) -> None:
         default=192,
         help="pack each batch's examples into rows of this many tokens (0: pad each batch to its longest example)",
     )
-    parser.add_argument("--ar-steps", type=int, default=1400)
-    parser.add_argument("--ar-learning-rate", type=float, default=2e-3)
-    parser.add_argument(
-        "--finetune-steps",
-        type=lambda text: [int(n) for n in text.split(",")],
-        default=[1400, 2900],
-        help="ReFusion fine-tuning segments, comma-separated step counts",
-    )
+    parser.add_argument("--ar-max-steps", type=int, default=8000, help="pretraining stops here at the latest")
+    parser.add_argument("--ar-learning-rate", type=float, default=1e-3)
+    parser.add_argument("--ar-eval-every", type=int, default=500, help="validation (and checkpoint) interval")
+    parser.add_argument("--ar-patience", type=int, default=3, help="evaluations without gain before stopping")
+    parser.add_argument("--ar-min-gain", type=float, default=0.01, help="accuracy gain that counts as progress")
+    parser.add_argument("--validation-seed", type=int, default=500, help="test-split seed deciding convergence")
+    parser.add_argument("--validation-problems", type=int, default=200)
+    parser.add_argument("--finetune-steps", type=int, default=2500, help="steps of each branch")
     parser.add_argument("--finetune-learning-rate", type=float, default=1e-3)
-    parser.add_argument("--slot-sizes", default="4,8")
+    parser.add_argument("--slot-sizes", default="4,8", help="ReFusion branch: slot sizes drawn per example")
+    parser.add_argument(
+        "--ar-fraction", type=float, default=0.0, help="ReFusion branch: share of plain autoregressive examples"
+    )
     parser.add_argument("--stop-after", choices=["data", "tokenizer", "ar_base", "converted", "refusion"])
-    parser.add_argument("--install", action="store_true", help="copy the ReFusion model into the package")
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help=f"copy the ReFusion model into the package and the AR baseline to {AR_BASELINE.relative_to(ROOT)}",
+    )
     parser.add_argument(
         "--decoding",
         default=json.dumps(
@@ -351,12 +506,13 @@ def main(argv: list[str] | None = None) -> None:
     converted = timings.run("converted", stage_convert, work, ar_base)
     if args.stop_after == "converted":
         return
-    refusion = timings.run("refusion", stage_refusion, work, data, converted, args)
+    refusion = timings.run(variant_name(args), stage_refusion, work, data, converted, args)
     if args.stop_after == "refusion":
         return
-    timings.run("ar_continued", stage_ar_continued, work, data, ar_base, args)
+    ar_continued = timings.run("ar_continued", stage_ar_continued, work, data, ar_base, args)
     if args.install:
         install(refusion, json.loads(args.decoding))
+        install_baseline(ar_continued)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ CASES = {
     "train missing data": lambda bad, out: ["train", "--data", str(bad["root"] / "none.jsonl"), "--model",
                                             str(bad["good"]), "--output-dir", out],
     "train bad slot sizes": lambda bad, out: _train_good(bad, out, "--slot-sizes", "4,x"),
+    "train bad ar fraction": lambda bad, out: _train_good(bad, out, "--ar-fraction", "1.5"),
     "train unwritable output": lambda bad, out: _train(bad, "--model", str(bad["good"]), "--output-dir", UNWRITABLE),
     "train unknown flag": lambda bad, out: _train_good(bad, out, "--bogus-flag", "1"),
     "train garbage config": lambda bad, out: _train(bad, "--model", str(bad["garbage"]), "--output-dir", out),

@@ -105,6 +105,20 @@ def test_an_autoregressive_baseline_is_evaluated_with_its_decoding_alone(tmp_pat
     assert "--slot-size set ReFusion decoding, which --decodings leaves out" in message
 
 
+def test_a_baseline_model_decodes_autoregressively_beside_the_model(tmp_path, ar_baseline, capsys):
+    results = run_eval(tmp_path, "--limit", "3", "--baseline-model", ar_baseline)
+    check_consistent(results, 3)
+    assert results["settings"]["baseline_model"] == ar_baseline
+    assert len(results["settings"]["baseline_model_sha256"]) == 64
+    assert f"Autoregressive decoding ran on the baseline model {ar_baseline}." in capsys.readouterr().out
+    message = user_error(capsys, ["eval", *FAST, "--baseline-model", ar_baseline, "--decodings", "refusion"])
+    assert "--baseline-model runs the autoregressive decoding, which --decodings leaves out" in message
+    from refusion_hf.modeling.loading import default_model_path
+
+    message = user_error(capsys, ["eval", *FAST, "--baseline-model", str(default_model_path())])
+    assert "--baseline-model: its tokenizer encodes differently from the model's" in message
+
+
 def test_planning_ahead_can_be_switched_off(tmp_path):
     ahead = run_eval(tmp_path, "--seed", "4", "--limit", "4", "--max-new-tokens", "24")
     alone = run_eval(tmp_path, "--seed", "4", "--limit", "4", "--max-new-tokens", "24", "--no-plan-ahead")

@@ -152,6 +152,33 @@ def test_one_decoding_alone_for_a_baseline_model(embedded, monkeypatch):
     assert "| family | problems | autoregressive accuracy |" in table
 
 
+def test_a_baseline_model_runs_the_autoregressive_decoding(embedded):
+    """With `baseline_model`, autoregressive answers are the baseline's own (as evaluated alone) and ReFusion answers
+    the model's own; real decoding, the baseline being the embedded weights with noise added."""
+    import copy
+
+    model, tokenizer = embedded
+    baseline = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in baseline.parameters():
+            parameter.add_(2.0 * parameter.std() * torch.randn(parameter.shape, generator=generator))
+    task, _ = synthetic_task(5, 4, families=("arithmetic", "listing"))
+    settings = EvalSettings(batch_size=2, max_new_tokens=12)
+
+    def answers(results, decoding):
+        return [entry[decoding]["answer"] for entry in results["problems"]]
+
+    both = evaluate_decodings(model, tokenizer, task, settings, baseline_model=baseline)
+    alone = evaluate_decodings(baseline, tokenizer, task, settings, decodings=("autoregressive",))
+    own = evaluate_decodings(model, tokenizer, task, settings)
+    assert answers(own, "autoregressive") != answers(alone, "autoregressive"), "the two models must differ"
+    assert answers(both, "autoregressive") == answers(alone, "autoregressive")
+    assert answers(both, "refusion") == answers(own, "refusion")
+    with pytest.raises(ValueError, match="baseline model runs the autoregressive decoding"):
+        evaluate_decodings(model, tokenizer, task, settings, decodings=("refusion",), baseline_model=baseline)
+
+
 @pytest.mark.parametrize("decodings", [(), ("beam",), ("refusion", "refusion")])
 def test_bad_decodings_are_refused(embedded, decodings):
     model, tokenizer = embedded

@@ -139,6 +139,35 @@ def test_pad_to_multiple_of_and_tensor_features():
     assert all(np.array_equal(as_numpy[name], batch[name].numpy()) for name in batch)
 
 
+def test_plain_autoregressive_examples_mix_in_at_their_rate():
+    features = [feature(1 + i % 7, 3 + i % 29, offset=i) for i in range(400)]
+    mixed = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, slot_sizes=(4, 8), ar_fraction=0.25, seed=5)
+    batch = mixed(features)
+    plain = []
+    for row, f in enumerate(features):
+        ids, p = f["input_ids"], f["prompt_length"]
+        length = len(ids)
+        # Only a plain example labels its last prompt token (ReFusion examples never label the prompt).
+        if batch["labels"][row, p - 1] == -100:
+            continue
+        plain.append(row)
+        assert batch["input_ids"][row, :length].tolist() == ids
+        assert batch["position_ids"][row, :length].tolist() == list(range(length))
+        assert batch["labels"][row, : p - 1].tolist() == [-100] * (p - 1)
+        assert batch["labels"][row, p - 1 : length - 1].tolist() == ids[p:]
+        assert batch["labels"][row, length - 1 :].eq(-100).all()
+        assert not batch["mdm_weights"][row].any()
+    assert 0.18 * len(features) < len(plain) < 0.32 * len(features)
+    # The other rows are ReFusion rows, and rows of a collator without plain examples obey every invariant.
+    refusion_rows = [row for row in range(len(features)) if row not in plain]
+    assert all(batch["mdm_weights"][row].any() or batch["input_ids"][row].ne(MASK).all() for row in refusion_rows)
+    unmixed = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, slot_sizes=(4, 8), ar_fraction=0.0, seed=5)
+    check_batch(features, unmixed(features), unmixed)
+    every = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, ar_fraction=1.0, seed=5)(features[:8])
+    assert all(every["labels"][row, f["prompt_length"] - 1] != -100 for row, f in enumerate(features[:8]))
+    assert not every["mdm_weights"].any()
+
+
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="mask_token_id: no mask token id was given"):
         RefusionDataCollator()
@@ -148,6 +177,8 @@ def test_bad_inputs_raise_clear_errors():
         RefusionDataCollator(mask_token_id=MASK, slot_sizes=())
     with pytest.raises(ValueError, match="return_tensors must be 'pt' or 'np'"):
         RefusionDataCollator(mask_token_id=MASK, return_tensors="tf")
+    with pytest.raises(ValueError, match=r"ar_fraction must lie in \[0, 1\]"):
+        RefusionDataCollator(mask_token_id=MASK, ar_fraction=1.5)
     with pytest.raises(ValueError, match=r"eps must lie in \(0, 1\]"):
         RefusionDataCollator(mask_token_id=MASK, eps=0.0)
     collator = RefusionDataCollator(mask_token_id=MASK)

@@ -130,6 +130,29 @@ def test_without_collator_fields_labels_mean_the_stock_causal_lm_loss(fixture_pa
     assert output.loss.item() == pytest.approx(stock(input_ids=input_ids, labels=labels).loss.item(), rel=1e-6)
 
 
+@pytest.mark.parametrize("packing_length", [None, 64])
+def test_plain_autoregressive_examples_carry_the_stock_causal_lm_loss(fixture_path, model32, packing_length):
+    """A batch of `ar_fraction=1` examples: `ar_loss` is the stock causal-LM loss of the answers (prompt tokens
+    unlabelled), `mdm_loss` is zero, packed or padded."""
+    features = [
+        {"input_ids": [5, 9, 14, 20, 33, 1], "prompt_length": 2},
+        {"input_ids": [7, 8, 9, 10, 11, 12, 40, 41, 1], "prompt_length": 4},
+    ]
+    collator = RefusionDataCollator(mask_token_id=MASK, pad_token_id=0, ar_fraction=1.0, packing_length=packing_length)
+    output = model32(**collator(features))
+    stock = Qwen3ForCausalLM.from_pretrained(fixture_path, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    for f in features:
+        ids = torch.tensor([f["input_ids"]])
+        labels = ids.clone()
+        labels[0, : f["prompt_length"]] = -100
+        answer_tokens = len(f["input_ids"]) - f["prompt_length"]
+        total += stock(input_ids=ids, labels=labels).loss.item() * answer_tokens
+        count += answer_tokens
+    assert output.ar_loss.item() == pytest.approx(total / count, rel=1e-5)
+    assert output.mdm_loss.item() == 0.0
+
+
 def test_tuple_output_and_misuse_errors(model32):
     batch = hand_batch()
     as_tuple = model32(**batch, return_dict=False)

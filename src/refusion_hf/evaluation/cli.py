@@ -154,6 +154,12 @@ def register(subparsers) -> None:
         "--suite synthetic leaves out its code family and --suite humaneval/mbpp refuse to run",
     )
     parser.add_argument("--code-timeout", type=non_negative_float, default=5.0, help="seconds per code problem")
+    parser.add_argument(
+        "--baseline-model",
+        default=None,
+        help="run the autoregressive decoding on this model instead of the same weights (e.g. the controlled AR "
+        "baseline benchmarks/models/ar_baseline); its tokenizer must encode text as the model's does",
+    )
     parser.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the full results here")
     parser.set_defaults(func=run)
 
@@ -204,11 +210,33 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
         raise CommandError("--code-timeout must be > 0 seconds.")
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise CommandError(f"--num-fewshot must be >= 0, got {args.num_fewshot}.")
+    if args.baseline_model is not None and "autoregressive" not in args.decodings:
+        raise CommandError(
+            "--baseline-model runs the autoregressive decoding, which --decodings leaves out: add autoregressive."
+        )
     knobs = [f"--{name.replace('_', '-')}" for name in DECODING_KNOBS if getattr(args, name) is not None]
     if "refusion" not in args.decodings and knobs:
         raise CommandError(
             f"{', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "
             "them or add refusion to --decodings."
+        )
+
+
+def check_same_encoding(tokenizer, baseline_tokenizer) -> None:
+    """A baseline model must see the same prompts as the model: every token of its vocabulary with the same id, the
+    same chat template and the same EOS (the ReFusion model's may add tokens after them, as `refusion convert`)."""
+    vocab = tokenizer.get_vocab()
+    differing = sorted(t for t, i in baseline_tokenizer.get_vocab().items() if vocab.get(t) != i)
+    if differing:
+        raise CommandError(
+            f"--baseline-model: its tokenizer encodes differently from the model's ({len(differing)} tokens differ, "
+            f"e.g. {differing[0]!r}); pass a baseline trained with the model's tokenizer."
+        )
+    same_template = baseline_tokenizer.chat_template == tokenizer.chat_template
+    if not same_template or baseline_tokenizer.eos_token != tokenizer.eos_token:
+        raise CommandError(
+            "--baseline-model: its chat template or EOS token differs from the model's, so prompts or answers would "
+            "differ; pass a baseline with the model's tokenizer."
         )
 
 
@@ -283,6 +311,10 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
             "cannot decode with ReFusion: pass --decodings autoregressive to evaluate it as an autoregressive "
             "model, or add the token with `refusion convert` (and fine-tune with `refusion train`)."
         )
+    baseline_model = None
+    if args.baseline_model is not None:
+        baseline_model, baseline_tokenizer = load_model_and_tokenizer(args.baseline_model, args.dtype)
+        check_same_encoding(tokenizer, baseline_tokenizer)
     chat = bool(tokenizer.chat_template) if args.apply_chat_template is None else args.apply_chat_template
     if chat and not tokenizer.chat_template:
         raise CommandError("--apply-chat-template: the tokenizer has no chat template; pass --no-apply-chat-template.")
@@ -315,6 +347,7 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
             decodings=args.decodings,
             limit=limit,
             progress=_progress(num_docs) if sys.stderr.isatty() else None,
+            baseline_model=baseline_model,
         )
     resolved = {
         name: getattr(effective, name) for name in REFUSION_FIELDS if name not in ("decoding", "max_new_tokens")
@@ -324,6 +357,8 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
             "model": str(args.model) if args.model else str(default_model_path()),
             # which weights these numbers are for (refusion publish --eval checks it against what it publishes)
             "model_sha256": weights_sha256(args.model or default_model_path()),
+            "baseline_model": args.baseline_model,
+            "baseline_model_sha256": weights_sha256(args.baseline_model) if args.baseline_model else None,
             "suite": args.suite,
             "split": args.split if args.suite == "synthetic" else None,
             "families": families,

@@ -1,4 +1,5 @@
-"""ReFusion decoding and autoregressive decoding of the same weights, side by side on one lm-eval task.
+"""ReFusion decoding and autoregressive decoding of the same weights (or of a baseline model), side by side on one
+lm-eval task.
 
 lm-eval does the evaluation. `HFLM` (through `RefusionLM`) tokenizes, applies the chat template, batches with left
 padding, stops at the task's `until` strings and cuts the answers there; `lm_eval.evaluator.evaluate` applies the
@@ -11,7 +12,9 @@ task's filters and metrics. Added here is what makes the comparison fair:
 * the first `evaluate` run scores the first decoding's answers; every other decoding is scored by a second run in
   which the same batches return that decoding's recorded sequences (no decoding happens), so lm-eval scores each
   decoding exactly as it would score a model of its own;
-* speed: generated tokens, forward passes and seconds of every timed call (`throughput`).
+* speed: generated tokens, forward passes and seconds of every timed call (`throughput`);
+* `baseline_model`: the autoregressive decoding runs on another model that encodes text the same way (e.g. the
+  controlled AR baseline trained like the ReFusion model), still batch by batch beside ReFusion decoding.
 """
 
 from __future__ import annotations
@@ -94,9 +97,12 @@ def throughput(records: list[GenerateRecord]) -> dict:
 class SideBySideLM(RefusionLM):
     """`RefusionLM` that decodes every batch with several decodings (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, settings: EvalSettings, decodings: Sequence[str], progress=None):
+    def __init__(
+        self, model, tokenizer, settings: EvalSettings, decodings: Sequence[str], progress=None, baseline_model=None
+    ):
         super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=settings.batch_size)
         self.settings = settings
+        self.decoding_models = {"refusion": model, "autoregressive": baseline_model or model}
         self.decodings = check_decodings(decodings)
         self.progress = progress
         self.records: dict[str, list[GenerateRecord]] = {d: [] for d in self.decodings}
@@ -110,6 +116,14 @@ class SideBySideLM(RefusionLM):
         if decoding == "refusion":
             return self.settings.refusion_kwargs()
         return {"decoding": "autoregressive"}
+
+    def _decode(self, decoding: str, context, max_length, stop, generation_kwargs: dict) -> GenerateRecord:
+        """One timed `generate` of `decoding`, on the model that decoding runs on."""
+        self._model = self.decoding_models[decoding]
+        try:
+            return self.timed_generate(context, max_length, stop, {**self._kwargs(decoding), **generation_kwargs})
+        finally:
+            self._model = self.decoding_models["refusion"]
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         key = (
@@ -127,14 +141,14 @@ class SideBySideLM(RefusionLM):
         if not self._warm:  # first calls pay one-off costs (allocations, lazy inits): keep them out of the timing
             short = min(max_length, context.shape[1] + WARMUP_TOKENS)
             for decoding in self.decodings:
-                self.timed_generate(context, short, stop, {**self._kwargs(decoding), **generation_kwargs})
+                self._decode(decoding, context, short, stop, generation_kwargs)
             self._warm = True
         order = self.decodings if self._batches % 2 == 0 else self.decodings[::-1]
         kept: dict[str, GenerateRecord] = {}
         for repeat in range(self.settings.timing_repeats):
             for decoding in order:
                 torch.manual_seed(self.settings.seed + self._batches)
-                record = self.timed_generate(context, max_length, stop, {**self._kwargs(decoding), **generation_kwargs})
+                record = self._decode(decoding, context, max_length, stop, generation_kwargs)
                 first = kept.setdefault(decoding, record)
                 if repeat and not torch.equal(record.sequences, first.sequences):
                     raise RuntimeError(
@@ -178,12 +192,14 @@ def evaluate_decodings(
     decodings: Sequence[str] = DECODINGS,
     limit: int | None = None,
     progress: Callable[[int], None] | None = None,
+    baseline_model=None,
 ) -> dict:
     """Decode `task` (an lm-eval Task) with each of `decodings` side by side and score each with lm-eval.
 
     Returns per decoding: accuracy (the primary metric), lm-eval's metrics of every filter, speed, per-family
     accuracy (the docs' `family` field when they have one); `speedup` and `accuracy_difference` (ReFusion minus
     autoregressive) when both ran; the settings; and per problem its input, reference and each decoding's answer.
+    With `baseline_model`, the autoregressive decoding runs on it (same tokenizer) instead of on `model`.
     """
     from lm_eval.evaluator import evaluate
 
@@ -196,7 +212,9 @@ def evaluate_decodings(
     if runs_code:
         require_opt_in()  # before any decoding, not when the first answer is scored
     task.set_config(key="generation_kwargs", value=settings.generation_kwargs(), update=True)
-    lm = SideBySideLM(model, tokenizer, settings, decodings, progress=progress)
+    if baseline_model is not None and "autoregressive" not in decodings:
+        raise ValueError("a baseline model runs the autoregressive decoding, which `decodings` leaves out.")
+    lm = SideBySideLM(model, tokenizer, settings, decodings, progress=progress, baseline_model=baseline_model)
     name = task.task_name
     filter_name = primary_filter(task)
     results: dict = {}
@@ -289,6 +307,8 @@ def markdown_table(results: dict) -> str:
     settings = results.get("settings", {})
     if settings.get("primary_metric"):
         lines += ["", f"Accuracy: lm-eval task {settings['lm_eval_task']}, {settings['primary_metric']}."]
+    if settings.get("baseline_model"):
+        lines += ["", f"Autoregressive decoding ran on the baseline model {settings['baseline_model']}."]
     repeats = settings.get("timing_repeats", 1)
     if repeats > 1:
         lines += ["", f"Times: the fastest of {repeats} interleaved runs of every problem with each decoding."]

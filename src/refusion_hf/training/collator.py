@@ -56,6 +56,11 @@ class RefusionDataCollator(DataCollatorMixin):
         slot_sizes (`Sequence[int]`, defaults to `(4, 8, 16, 32)`): each example draws its slot size k uniformly
             from these.
         eps (`float`, defaults to 1e-3): `p_mask = (1 - eps) * t + eps` with `t ~ U(0, 1)`.
+        ar_fraction (`float`, defaults to 0): the probability that an example is collated as a plain
+            autoregressive one instead (no permutation, no masks, every answer token labelled with the next one,
+            the last prompt token with the first answer token), so that the prediction across slot boundaries,
+            which ReFusion examples never label, keeps being trained. 0 draws exactly what the collator without
+            it draws.
         seed (`int`, *optional*): makes the draws a pure function of (seed, epoch, batch); see the module docstring.
             `None` uses torch's global generator.
         pad_token_id (`int`, *optional*): defaults to the tokenizer's pad token, else its EOS, else the mask id. Padding
@@ -82,7 +87,8 @@ class RefusionDataCollator(DataCollatorMixin):
           True where a token may attend: causal in buffer order within its own example (padding attends to
           padding only).
         * `labels` (*not shifted*, -100 = none): in a clean slot, the next token of the same slot (the slot's last
-          token has none); at a masked position, its own original token; prompt and padding have none.
+          token has none); at a masked position, its own original token; prompt and padding have none. In a
+          plain autoregressive example (`ar_fraction`): the next token, from the last prompt token on.
         * `mdm_weights` (float32): `1 / (p_mask * answer_length * num_examples)` at masked positions, 0
           elsewhere, where `num_examples` is the number of features collated together: the MDM loss is the sum
           of `mdm_weights * CE`, i.e. the authors' per-example normalisation averaged over the batch, whether or
@@ -93,6 +99,7 @@ class RefusionDataCollator(DataCollatorMixin):
     mask_token_id: int | None = None
     slot_sizes: Sequence[int] = DEFAULT_SLOT_SIZES
     eps: float = DEFAULT_EPS
+    ar_fraction: float = 0.0
     seed: int | None = None
     pad_token_id: int | None = None
     pad_to_multiple_of: int | None = None
@@ -114,6 +121,11 @@ class RefusionDataCollator(DataCollatorMixin):
             raise ValueError(f"slot_sizes must be a non-empty sequence of positive integers, got {self.slot_sizes!r}.")
         if not 0.0 < self.eps <= 1.0:
             raise ValueError(f"eps must lie in (0, 1] (p_mask = (1 - eps) * t + eps), got {self.eps!r}.")
+        if isinstance(self.ar_fraction, bool) or not 0.0 <= self.ar_fraction <= 1.0:
+            raise ValueError(
+                f"ar_fraction must lie in [0, 1] (the share of plain autoregressive examples), got "
+                f"{self.ar_fraction!r}."
+            )
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}.")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
@@ -129,6 +141,7 @@ class RefusionDataCollator(DataCollatorMixin):
         self.mask_token_id = int(self.mask_token_id)
         self.pad_token_id = int(self.pad_token_id) if self.pad_token_id is not None else self.mask_token_id
         self.eps = float(self.eps)
+        self.ar_fraction = float(self.ar_fraction)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the (seeded) draws of this epoch differ from those of every other epoch."""
@@ -187,6 +200,8 @@ class RefusionDataCollator(DataCollatorMixin):
         self, input_ids: list[int], prompt_length: int, generator: torch.Generator | None, num_examples: int
     ) -> dict:
         ids = torch.tensor(input_ids, dtype=torch.long)
+        if self.ar_fraction and float(torch.rand((), generator=generator)) < self.ar_fraction:
+            return self._autoregressive_row(ids, prompt_length)
         answer_length = len(input_ids) - prompt_length
         k = self.slot_sizes[int(torch.randint(len(self.slot_sizes), (1,), generator=generator))]
         t = float(torch.rand((), generator=generator))
@@ -226,6 +241,18 @@ class RefusionDataCollator(DataCollatorMixin):
             "position_ids": positions,
             "labels": targets[positions],
             "mdm_weights": weights[positions],
+        }
+
+    @staticmethod
+    def _autoregressive_row(ids: torch.Tensor, prompt_length: int) -> dict:
+        """A plain causal-LM example in ReFusion's label convention (unshifted: the target at each position)."""
+        targets = torch.full_like(ids, IGNORE_INDEX)
+        targets[max(prompt_length - 1, 0) : -1] = ids[max(prompt_length, 1) :]
+        return {
+            "input_ids": ids,
+            "position_ids": torch.arange(len(ids)),
+            "labels": targets,
+            "mdm_weights": torch.zeros(len(ids), dtype=torch.float32),
         }
 
     # -- batch ----------------------------------------------------------------------------------------------------

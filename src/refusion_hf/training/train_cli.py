@@ -69,6 +69,13 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--eps", type=float, default=DEFAULT_EPS, help="p_mask = (1 - eps) t + eps (default 1e-3)")
     parser.add_argument(
+        "--ar-fraction",
+        type=float,
+        default=0.0,
+        help="share of examples trained as plain autoregressive ones, so predictions across slot boundaries keep "
+        "being trained (default 0: the paper's recipe)",
+    )
+    parser.add_argument(
         "--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="skip longer examples (default %(default)s tokens)"
     )
     parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (PEFT) instead of all weights")
@@ -218,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
     from .trainer import RefusionTrainer
 
     slot_sizes = parse_slot_sizes(args.slot_sizes)
+    if not 0.0 <= args.ar_fraction <= 1.0:
+        raise CommandError(f"--ar-fraction must lie in [0, 1], got {args.ar_fraction}.")
     if args.packing_length is not None and args.packing_length < 1:
         raise CommandError(f"--packing-length must be a positive number of tokens, got {args.packing_length}.")
     training_args = parse_training_arguments(args.output_dir, getattr(args, "extra_args", []))
@@ -248,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         mask_token_id=mask_token_id,
         slot_sizes=slot_sizes,
         eps=args.eps,
+        ar_fraction=args.ar_fraction,
         seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
         packing_length=args.packing_length,
     )
@@ -263,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"[refusion train] {stats.kept} examples from {args.data} ({stats.skipped_too_long} skipped as longer "
             f"than {args.max_length} tokens); slot sizes {list(slot_sizes)}; "
+            f"{f'{args.ar_fraction:.0%} plain autoregressive examples; ' if args.ar_fraction else ''}"
             f"{f'LoRA r={args.lora_r}' if args.lora else 'full fine-tuning'}; "
             f"{training_args.world_size} process(es)"
         )
