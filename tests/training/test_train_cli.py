@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
 from refusion_hf.cli import main
-from refusion_hf.training.train_cli import parse_training_arguments
+from refusion_hf.command_inputs import CommandError
+from refusion_hf.training.train_cli import parse_arguments
 from tests.bare_env import run_bare
 from tests.cli_errors import user_error
 from tests.training.toy import train_args, write_toy_jsonl
@@ -158,7 +159,7 @@ def test_bad_arguments_raise_clear_errors(fixture_path, toy_data, tmp_path, monk
         user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--slot-sizes", "4,x")),
     )
     assert re.search(
-        r"--bogus-flag.*passes unknown flags to TrainingArguments",
+        r"unrecognized arguments: --bogus-flag 1 .*TrainingArguments' fields: see `refusion train --help`",
         user_error(capsys, train_args(fixture_path, toy_data, tmp_path, "--bogus-flag", "1")),
     )
     assert re.search(
@@ -180,5 +181,5 @@ def test_bad_arguments_raise_clear_errors(fixture_path, toy_data, tmp_path, monk
         user_error(capsys, train_args(no_mask, toy_data, tmp_path / "out")),
     )
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match=r"2 processes were launched .* add `--use-cpu`"):
-        parse_training_arguments(str(tmp_path / "out"), [])
+    with pytest.raises(CommandError, match=r"2 processes were launched .* add `--use-cpu`"):
+        parse_arguments(["--model", "m", "--data", "d", "--output-dir", str(tmp_path / "out")])
