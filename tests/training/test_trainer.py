@@ -6,7 +6,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM, Trainer, TrainingArguments
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
-from refusion_hf.training import RefusionEpochCallback, RefusionTrainer
+from refusion_hf.training import RefusionEpochCallback, RefusionTrainer, RefusionTrainingArguments
 
 EXAMPLE = {"input_ids": [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 1], "prompt_length": 4}
 
@@ -113,3 +113,27 @@ def test_default_collator_and_misuse(fixture_path, tmp_path):
     )
     with pytest.raises(ValueError, match="ignored `mdm_weights`.*train a `RefusionForCausalLM`"):
         trainer.train()
+
+
+def test_refusion_training_arguments_build_the_collator(fixture_path, tmp_path):
+    """The data options of `RefusionTrainingArguments` reach the default collator; a collator that disagrees with
+    them is refused instead of silently winning."""
+    tokenizer = AutoTokenizer.from_pretrained(fixture_path)
+    model = RefusionForCausalLM.from_pretrained(fixture_path)
+    args = RefusionTrainingArguments(
+        output_dir=str(tmp_path), slot_sizes="2,4", ar_fraction=0.5, packing_length=64, data_seed=9, report_to="none"
+    )
+    collator = RefusionTrainer(model=model, args=args, processing_class=tokenizer).data_collator
+    assert (collator.slot_sizes, collator.ar_fraction, collator.packing_length, collator.seed) == ((2, 4), 0.5, 64, 9)
+    agreeing = RefusionDataCollator(tokenizer, slot_sizes=(2, 4), ar_fraction=0.5, packing_length=64, seed=1)
+    RefusionTrainer(model=model, args=args, data_collator=agreeing)
+    with pytest.raises(ValueError, match="args sets slot_sizes, ar_fraction differently from the data_collator"):
+        RefusionTrainer(model=model, args=args, data_collator=RefusionDataCollator(tokenizer, packing_length=64))
+    for bad, message in [
+        ({"slot_sizes": "4,x"}, "--slot-sizes must be comma-separated positive integers"),
+        ({"ar_fraction": 2.0}, r"--ar-fraction must lie in \[0, 1\]"),
+        ({"packing_length": 0}, "--packing-length must be a positive number of tokens"),
+        ({"eps": 0.0}, r"--eps must lie in \(0, 1\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            RefusionTrainingArguments(output_dir=str(tmp_path), **bad)

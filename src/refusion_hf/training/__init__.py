@@ -3,14 +3,19 @@ collator for stock causal LMs (the AR baseline), SFT data loading, a `Trainer` t
 and checkpoint conversion. The loss itself lives with the model (`modeling/refusion_loss.py`) so that exported
 remote-code models train too.
 
-`RefusionTrainer` / `RefusionEpochCallback` / `RefusionSFTTrainer` (TRL) are imported on first use (importing
-`transformers.Trainer` costs time that `import refusion_hf` for inference should not pay)."""
+`RefusionTrainer` / `RefusionEpochCallback` / `RefusionSFTTrainer` (TRL) / `RefusionTrainingArguments` are imported
+on first use (importing `transformers.Trainer` costs time that `import refusion_hf` for inference should not pay)."""
 
 from .collator import RefusionDataCollator
 from .data import DataFormatError, RefusionSFTDataset, load_sft_dataset
 from .packing import PackedCausalLMCollator
 
-_LAZY = {"RefusionTrainer": "trainer", "RefusionEpochCallback": "trainer", "RefusionSFTTrainer": "sft"}
+_LAZY = {
+    "RefusionTrainer": "trainer",
+    "RefusionEpochCallback": "trainer",
+    "RefusionSFTTrainer": "sft",
+    "RefusionTrainingArguments": "arguments",
+}
 
 
 def __getattr__(name: str):
@@ -29,5 +34,6 @@ __all__ = [
     "RefusionSFTDataset",
     "RefusionSFTTrainer",
     "RefusionTrainer",
+    "RefusionTrainingArguments",
     "load_sft_dataset",
 ]

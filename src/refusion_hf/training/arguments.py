@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from .collator import DEFAULT_EPS, DEFAULT_SLOT_SIZES
+from .collator import DEFAULT_EPS, DEFAULT_SLOT_SIZES, RefusionDataCollator
 from .data import DEFAULT_MAX_LENGTH
 
 DEFAULT_LORA_TARGET_MODULES = "q_proj,k_proj,v_proj,o_proj"
@@ -108,6 +108,21 @@ class RefusionTrainingArguments(TrainingArguments):
                 f"--slot-sizes must be comma-separated positive integers like '4,8,16,32', got {self.slot_sizes!r}."
             )
         return sizes
+
+    DATA_OPTIONS = ("slot_sizes", "eps", "ar_fraction", "packing_length")
+
+    def data_collator(self, tokenizer=None, mask_token_id: int | None = None) -> RefusionDataCollator:
+        """The collator these options describe, seeded with `data_seed` (else `seed`); `RefusionTrainer` builds it
+        when it is given no collator."""
+        return RefusionDataCollator(
+            tokenizer,
+            mask_token_id=mask_token_id,
+            slot_sizes=self.slot_size_values,
+            eps=self.eps,
+            ar_fraction=self.ar_fraction,
+            seed=self.data_seed if self.data_seed is not None else self.seed,
+            packing_length=self.packing_length,
+        )
 
 
 class TrainArgumentParser(HfArgumentParser):

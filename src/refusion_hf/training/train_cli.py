@@ -38,7 +38,6 @@ from ..command_inputs import (
 )
 from ..modeling import RefusionForCausalLM
 from .arguments import RefusionModelArguments, RefusionTrainingArguments, TrainArgumentParser
-from .collator import RefusionDataCollator
 from .data import load_sft_dataset
 
 
@@ -180,19 +179,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise CommandError(f"--data {model_args.data}: {first_line(error)}") from None
     slot_sizes = training_args.slot_size_values
-    collator = RefusionDataCollator(
-        tokenizer,
-        mask_token_id=mask_token_id,
-        slot_sizes=slot_sizes,
-        eps=training_args.eps,
-        ar_fraction=training_args.ar_fraction,
-        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
-        packing_length=training_args.packing_length,
-    )
     trainer = RefusionTrainer(
         model=model,
         args=training_args,
-        data_collator=collator,
         train_dataset=dataset,
         processing_class=tokenizer,
     )

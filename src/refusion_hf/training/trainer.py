@@ -13,7 +13,8 @@ resuming are the stock ones):
 * the collator's epoch follows the training loop (`RefusionEpochCallback`), so seeded draws differ per epoch and a
   resumed run draws exactly what the uninterrupted run drew;
 * `data_collator` defaults to a `RefusionDataCollator` over `processing_class` and the model's mask token, seeded
-  with `args.data_seed` (or `args.seed`);
+  with `args.data_seed` (or `args.seed`), with the data options of `args` when they are `RefusionTrainingArguments`
+  (an explicit collator that disagrees with them is refused);
 * label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels).
 
 The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCollator` (set
@@ -27,6 +28,7 @@ import math
 import torch
 from transformers import Trainer, TrainerCallback
 
+from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
 
 LOSS_PARTS = ("ar_loss", "mdm_loss")
@@ -59,6 +61,8 @@ class RefusionTrainer(Trainer):
             )
         if data_collator is None:
             self.data_collator = self._default_collator()
+        else:
+            self._check_collator_matches_args(data_collator)
         if hasattr(self.data_collator, "set_epoch"):
             self.add_callback(RefusionEpochCallback(self.data_collator))
         self._loss_part_sums = None
@@ -67,8 +71,21 @@ class RefusionTrainer(Trainer):
     def _default_collator(self) -> RefusionDataCollator:
         config = getattr(self.model, "config", None)
         mask_token_id = getattr(config, "mask_token_id", None)
+        if isinstance(self.args, RefusionTrainingArguments):
+            return self.args.data_collator(self.processing_class, mask_token_id)
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         return RefusionDataCollator(self.processing_class, mask_token_id=mask_token_id, seed=seed)
+
+    def _check_collator_matches_args(self, collator) -> None:
+        if not isinstance(self.args, RefusionTrainingArguments) or not isinstance(collator, RefusionDataCollator):
+            return
+        wanted = self.args.data_collator(mask_token_id=collator.mask_token_id)
+        differing = [name for name in self.args.DATA_OPTIONS if getattr(collator, name) != getattr(wanted, name)]
+        if differing:
+            raise ValueError(
+                f"args sets {', '.join(differing)} differently from the data_collator given; set them in one place "
+                "(pass no data_collator to use the arguments', or leave the arguments at their defaults)."
+            )
 
     def _set_signature_columns_if_needed(self) -> None:
         super()._set_signature_columns_if_needed()
