@@ -40,3 +40,20 @@ def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
         assert stream["prompts"] == 3 and stream["continuous"]["rows_active_per_forward"] <= 2
     # float32 is batch-invariant (bfloat16 may flip a near tie when the batch's composition changes)
     assert results["continuous_batching"]["float32"]["2"]["same_answers"] == 3
+
+
+def test_heldout_comparison_runs_end_to_end_on_the_fixture(tmp_path):
+    """The held-out comparison at a tiny size: ReFusion decoding of a model beside a baseline model, plus a previous
+    model, on two seeds; every row has what the summary needs."""
+    fixture = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
+    out = tmp_path / "heldout.json"
+    command = [sys.executable, "heldout_comparison.py", "--model", str(fixture), "--baseline-model", str(fixture),
+               "--previous-model", str(fixture), "--seeds", "1,2", "--limit", "2", "--num-threads", "1",
+               "--out", str(out), "--", "--max-new-tokens", "6", "--timing-repeats", "1"]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert [row["seed"] for row in results["seeds"]] == [1, 2]
+    for row in results["seeds"]:
+        assert row["speedup"] > 0 and 0 <= row["refusion_accuracy"] <= 1 and "previous_accuracy" in row
+    assert results["summary"]["seeds_meeting_targets"] <= 2

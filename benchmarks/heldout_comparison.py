@@ -1,0 +1,107 @@
+"""The embedded model as evidence: ReFusion decoding of the ReFusion model beside autoregressive decoding of the
+controlled AR baseline (trained from the same AR model on the same data for the same steps), on seeds of the
+synthetic test split, batch 1, with `refusion eval --baseline-model` (both decodings batch by batch in one process).
+Optionally a previous ReFusion model's accuracy on the same seeds (ReFusion decoding alone).
+
+The targets (benchmarks/README.md, "The embedded default model"): ReFusion within 3 points of the baseline at >= 2x
+its tokens/s on every seed; ReFusion at least as accurate as the previous embedded model.
+
+    .venv/bin/python benchmarks/heldout_comparison.py --model src/refusion_hf/assets/default_model \\
+        --baseline-model benchmarks/models/ar_baseline --seeds 3,5,11,21,44,2026,31337
+    # tuning seeds only (decoding defaults, variants), with decoding flags for refusion eval after --
+    .venv/bin/python benchmarks/heldout_comparison.py --model out/default_model/refusion_k4-8_ar0 \\
+        --baseline-model out/default_model/ar_continued --seeds 7,100 --out /tmp/tuning.json -- --slot-size 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from results_file import write_results
+
+from refusion_hf.cli import main as refusion_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # README's table; never used in training or tuning
+POINTS, RATIO = 3.0, 2.0  # the targets
+
+
+def evaluate(arguments: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "results.json"
+        code = refusion_cli(["eval", *arguments, "--json", str(out)])
+        if code:
+            raise SystemExit(f"refusion eval {' '.join(arguments)} failed with status {code}")
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="the ReFusion model")
+    parser.add_argument("--baseline-model", required=True, help="the controlled AR baseline")
+    parser.add_argument("--previous-model", default=None, help="a previous ReFusion model to compare accuracy with")
+    parser.add_argument("--seeds", default=",".join(map(str, HELD_OUT_SEEDS)))
+    parser.add_argument("--limit", type=int, default=60)
+    parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "heldout_comparison.json"))
+    args, eval_flags = parser.parse_known_args()
+    eval_flags = [flag for flag in eval_flags if flag != "--"]
+    common = ["--suite", "synthetic", "--limit", str(args.limit), "--num-threads", str(args.num_threads)]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    rows = []
+    for seed in seeds:
+        both = evaluate(
+            ["--model", args.model, "--baseline-model", args.baseline_model, "--seed", str(seed), *common, *eval_flags]
+        )
+        refusion, baseline = both["refusion"], both["autoregressive"]
+        row = {
+            "seed": seed,
+            "refusion_accuracy": refusion["accuracy"],
+            "baseline_accuracy": baseline["accuracy"],
+            "points_behind": round(100 * (baseline["accuracy"] - refusion["accuracy"]), 2),
+            "refusion_tokens_per_second": refusion["tokens_per_second"],
+            "baseline_tokens_per_second": baseline["tokens_per_second"],
+            "speedup": both["speedup"],
+            "refusion_tokens_per_forward": refusion["tokens_per_forward"],
+            "refusion_decoding": both["settings"]["refusion_decoding"],
+        }
+        if args.previous_model:
+            previous = evaluate(
+                ["--model", args.previous_model, "--decodings", "refusion", "--seed", str(seed), *common]
+                + ["--timing-repeats", "1"]
+            )
+            row["previous_accuracy"] = previous["refusion"]["accuracy"]
+        row["meets_targets"] = row["points_behind"] <= POINTS and row["speedup"] >= RATIO
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    summary = {
+        "mean_points_behind": round(statistics.mean(r["points_behind"] for r in rows), 2),
+        "worst_points_behind": max(r["points_behind"] for r in rows),
+        "min_speedup": min(r["speedup"] for r in rows),
+        "median_speedup": statistics.median(r["speedup"] for r in rows),
+        "seeds_meeting_targets": sum(r["meets_targets"] for r in rows),
+    }
+    if args.previous_model:
+        at_least = sum(r["refusion_accuracy"] >= r["previous_accuracy"] for r in rows)
+        summary["seeds_at_least_previous_accuracy"] = at_least
+    write_results(
+        {
+            "command": " ".join(sys.argv),
+            "model": args.model,
+            "baseline_model": args.baseline_model,
+            "previous_model": args.previous_model,
+            "targets": {"points_behind_at_most": POINTS, "speedup_at_least": RATIO},
+            "seeds": rows,
+            "summary": summary,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
