@@ -84,24 +84,27 @@ def log(message: str) -> None:
 
 
 class StageTimings:
-    """Wall time of each stage run by this invocation, written to a JSON file after every stage (a resumed run
-    keeps the times of the stages it reused from the file)."""
+    """Wall time of each stage run by this invocation, merged into a JSON file after every stage (a resumed run
+    keeps the times of the stages it reused; two processes training the branches side by side each add theirs)."""
 
     def __init__(self, path: Path, **settings):
         self.path = path
-        previous = json.loads(path.read_text()) if path.exists() else {}
-        self.minutes = previous.get("minutes", {})
+        previous = self._read()
         # The settings of the run that trained the reused stages stay (a resumed `--install` run changes none).
         self.settings = previous.get("settings") or {**settings, "torch_threads": torch.get_num_threads()}
+
+    def _read(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def run(self, name: str, stage, *args):
         start = time.time()
         result = stage(*args)
         elapsed = (time.time() - start) / 60
-        if elapsed > 0.05 or name not in self.minutes:  # a reused stage returns at once
-            self.minutes[name] = round(elapsed, 2)
-        total = sum(self.minutes.values())
-        report = {"minutes": self.minutes, "total_minutes": round(total, 2), "settings": self.settings}
+        minutes = self._read().get("minutes", {})
+        if elapsed > 0.05 or name not in minutes:  # a reused stage returns at once
+            minutes[name] = round(elapsed, 2)
+        total = sum(minutes.values())
+        report = {"minutes": minutes, "total_minutes": round(total, 2), "settings": self.settings}
         self.path.write_text(json.dumps(report, indent=2) + "\n")
         log(f"{name} done ({elapsed:.1f} min; {total:.1f} min for all stages so far)")
         return result
@@ -480,6 +483,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--stop-after", choices=["data", "tokenizer", "ar_base", "converted", "refusion"])
     parser.add_argument(
+        "--branch",
+        choices=["both", "refusion", "ar"],
+        default="both",
+        help="which fine-tuning branch to run (two processes can train the branches side by side)",
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 per process when running two)")
+    parser.add_argument(
         "--install",
         action="store_true",
         help=f"copy the ReFusion model into the package and the AR baseline to {AR_BASELINE.relative_to(ROOT)}",
@@ -492,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
         help="JSON of decoding defaults written into the installed model",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     timings = StageTimings(work / "timings.json", arguments=vars(args))
@@ -503,14 +513,18 @@ def main(argv: list[str] | None = None) -> None:
     ar_base = timings.run("ar_base", stage_ar_base, work, data, tokenizer, args)
     if args.stop_after == "ar_base":
         return
-    converted = timings.run("converted", stage_convert, work, ar_base)
-    if args.stop_after == "converted":
-        return
-    refusion = timings.run(variant_name(args), stage_refusion, work, data, converted, args)
-    if args.stop_after == "refusion":
-        return
-    ar_continued = timings.run("ar_continued", stage_ar_continued, work, data, ar_base, args)
+    if args.branch in ("both", "refusion"):
+        converted = timings.run("converted", stage_convert, work, ar_base)
+        if args.stop_after == "converted":
+            return
+        refusion = timings.run(variant_name(args), stage_refusion, work, data, converted, args)
+        if args.stop_after == "refusion":
+            return
+    if args.branch in ("both", "ar"):
+        ar_continued = timings.run("ar_continued", stage_ar_continued, work, data, ar_base, args)
     if args.install:
+        if args.branch != "both":
+            raise SystemExit("--install needs both branches: run without --branch (finished stages are reused)")
         install(refusion, json.loads(args.decoding))
         install_baseline(ar_continued)
 
