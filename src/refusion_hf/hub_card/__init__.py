@@ -1,6 +1,6 @@
 """Publishing ReFusion checkpoints: model cards (huggingface_hub `ModelCard`), complete Hub folders, push."""
 
-from .card import DecodingDefaults, build_adapter_card, build_model_card
+from .card import build_adapter_card, build_model_card, decoding_defaults
 from .errors import CardInputError, CardSourceError, PublishError, PushError
 from .publish import MODEL_FILE_PATTERNS, PublishResult, PushResult, publish, push_folder
 from .sources import EvalReport, TrainingSummary, load_eval_report, load_training_summary
@@ -9,7 +9,6 @@ __all__ = [
     "MODEL_FILE_PATTERNS",
     "CardInputError",
     "CardSourceError",
-    "DecodingDefaults",
     "EvalReport",
     "PublishError",
     "PublishResult",
@@ -18,6 +17,7 @@ __all__ = [
     "TrainingSummary",
     "build_adapter_card",
     "build_model_card",
+    "decoding_defaults",
     "load_eval_report",
     "load_training_summary",
     "publish",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,7 @@ DEFAULT_LICENSE = "apache-2.0"
 DEFAULT_EXAMPLE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 _LICENSE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.\-]*$")
 
-MODEL_TEMPLATE = "model_card_template.md"
-ADAPTER_TEMPLATE = "adapter_card_template.md"
+TEMPLATE = "card_template.md"  # one template, model and adapter cards
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -126,208 +124,77 @@ def _format(value: Any, spec: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- decoding
-@dataclass
-class DecodingDefaults:
-    """The decoding parameters a checkpoint's generation_config.json sets (ReFusion fields filled with defaults)."""
-
-    decoding: str
-    slot_size: int
-    block_size: int | None
-    slot_threshold: float
-    token_threshold: float
-    temperature: float | None
-    mask_token_id: int | None
-    max_new_tokens: int
-    plan_ahead: bool = True
-
-    @classmethod
-    def from_generation_config(cls, config) -> DecodingDefaults:
-        config = RefusionGenerationConfig.from_generation_config(config)
-        knobs = {name: default if getattr(config, name) is None else getattr(config, name)
-                 for name, default in REFUSION_FIELDS.items()}  # fmt: skip
-        return cls(
-            decoding=knobs["decoding"],
-            slot_size=knobs["slot_size"],
-            block_size=knobs["block_size"],
-            slot_threshold=knobs["slot_threshold"],
-            token_threshold=knobs["token_threshold"],
-            temperature=config.temperature,
-            mask_token_id=config.mask_token_id,
-            # What generate() uses when neither the call nor the config sets a length.
-            max_new_tokens=config.max_new_tokens or SNIPPET_MAX_NEW_TOKENS,
-            plan_ahead=knobs["plan_ahead"],
-        )
-
-    @classmethod
-    def from_folder(cls, folder: Path) -> DecodingDefaults:
-        return cls.from_generation_config(RefusionGenerationConfig.from_pretrained(folder))
-
-    def fitting_max_new_tokens(self, prompt_length: int, max_positions: int | None) -> int:
-        """The default answer length, lowered (to a multiple of `slot_size`) when prompt plus canvas would not fit
-        in `max_positions`."""
-        if not max_positions:
-            return self.max_new_tokens
-        room = (max_positions - prompt_length) // self.slot_size * self.slot_size
-        return max(1, min(self.max_new_tokens, room))
-
-    def rows(self, max_positions: int | None) -> list[dict[str, str]]:
-        context = f" Prompt plus canvas must fit in {max_positions} positions." if max_positions else ""
-        return [
-            {
-                "name": "decoding",
-                "value": repr(self.decoding).replace("'", '"'),
-                "meaning": '`"refusion"`: slot-parallel plan-and-infill decoding. `"autoregressive"`: ordinary '
-                "left-to-right decoding with the same weights (the baseline to compare against).",
-            },
-            {
-                "name": "slot_size",
-                "value": str(self.slot_size),
-                "meaning": "k, tokens per slot. Slots are planned in parallel and each is filled left to right.",
-            },
-            {
-                "name": "block_size",
-                "value": str(self.block_size),
-                "meaning": "Tokens per serial block (a multiple of `slot_size`), decoded left to right; slots inside "
-                "a block in any order. `None`: 128 rounded up to a multiple of `slot_size`.",
-            },
-            {
-                "name": "slot_threshold",
-                "value": _format(self.slot_threshold, "g"),
-                "meaning": "A step writes every slot whose first drafted token has more than this probability (the "
-                "single most confident slot when none does).",
-            },
-            {
-                "name": "token_threshold",
-                "value": _format(self.token_threshold, "g"),
-                "meaning": "A drafted token is accepted when its autoregressive probability, given everything before "
-                "it, exceeds this; otherwise the slot is re-drafted from there.",
-            },
-            {
-                "name": "plan_ahead",
-                "value": str(self.plan_ahead),
-                "meaning": "`True`: when every draft of a step looks likely to pass, the next step's plan runs in the "
-                "same forward as the verification (same tokens, fewer forward passes). `False`: one forward per plan, "
-                "as in the authors' decoder.",
-            },
-            {
-                "name": "temperature",
-                "value": str(self.temperature),
-                "meaning": "Read only with `do_sample=True` (stock semantics: drafts are then sampled after "
-                "transformers' logits warpers; seed with `torch.manual_seed`); `do_sample=False` is greedy.",
-            },
-            {
-                "name": "max_new_tokens",
-                "value": str(self.max_new_tokens),
-                "meaning": "Answer length limit. The canvas is this rounded up to a multiple of `slot_size`; nothing "
-                f"past it is returned.{context}",
-            },
-            {
-                "name": "mask_token_id",
-                "value": str(self.mask_token_id),
-                "meaning": "Id of the mask token that marks undecoded positions (`None`: the model config's).",
-            },
-        ]
-
-    def generate_arguments(self, indent: str, max_new_tokens: int) -> str:
-        """Keyword arguments of the snippet's `generate()` call, one per line, with short comments."""
-        length_note = "answer length limit"
-        if max_new_tokens < self.max_new_tokens:
-            length_note += f" (the default {self.max_new_tokens} does not fit the context with this prompt)"
-        lines = [
-            (f"max_new_tokens={max_new_tokens},", length_note),
-            (f"slot_size={self.slot_size},", "k: tokens per slot"),
-            (f"block_size={self.block_size},", "tokens per serial block (None: the whole answer)"),
-            (f"slot_threshold={self.slot_threshold!r},", "write every slot whose first draft is this confident"),
-            (f"token_threshold={self.token_threshold!r},", "accept drafted tokens this probable"),
-        ]
-        if self.temperature:
-            lines.append((f"temperature={self.temperature!r},", "> 0: sample the drafts"))
-        lines.append(("return_dict_in_generate=True,", None))
-        width = max(len(code) for code, _ in lines) + 2
-        return "\n".join(
-            f"{indent}{code}" if comment is None else f"{indent}{code.ljust(width)}# {comment}"
-            for code, comment in lines
-        )
+# What each decoding argument means, in the order the card's table lists them (values: `decoding_defaults`).
+KNOB_MEANINGS = {
+    "decoding": '`"refusion"`: slot-parallel plan-and-infill decoding. `"autoregressive"`: ordinary left-to-right '
+    "decoding with the same weights (the baseline to compare against).",
+    "slot_size": "k, tokens per slot. Slots are planned in parallel and each is filled left to right.",
+    "block_size": "Tokens per serial block (a multiple of `slot_size`), decoded left to right; slots inside a block "
+    "in any order. `None`: 128 rounded up to a multiple of `slot_size`.",
+    "slot_threshold": "A step writes every slot whose first drafted token has more than this probability (the single "
+    "most confident slot when none does).",
+    "token_threshold": "A drafted token is accepted when its autoregressive probability, given everything before it, "
+    "exceeds this; otherwise the slot is re-drafted from there.",
+    "plan_ahead": "`True`: when every draft of a step looks likely to pass, the next step's plan runs in the same "
+    "forward as the verification (same tokens, fewer forward passes). `False`: one forward per plan, as in the "
+    "authors' decoder.",
+    "temperature": "Read only with `do_sample=True` (stock semantics: drafts are then sampled after transformers' "
+    "logits warpers; seed with `torch.manual_seed`); `do_sample=False` is greedy.",
+    "max_new_tokens": "Answer length limit. The canvas is this rounded up to a multiple of `slot_size`; nothing past "
+    "it is returned.",
+    "mask_token_id": "Id of the mask token that marks undecoded positions (`None`: the model config's).",
+}
+# (argument, comment) of the snippet's generate() call after max_new_tokens
+SNIPPET_ARGUMENTS = (
+    ("slot_size", "k: tokens per slot"),
+    ("block_size", "tokens per serial block (None: the whole answer)"),
+    ("slot_threshold", "write every slot whose first draft is this confident"),
+    ("token_threshold", "accept drafted tokens this probable"),
+)
 
 
-def _prompt_lines(prompt: str, chat: bool) -> list[str]:
-    literal = json.dumps(prompt, ensure_ascii=False)
-    if chat:
-        return [
-            f'messages = [{{"role": "user", "content": {literal}}}]',
-            "inputs = tokenizer.apply_chat_template(",
-            '    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True',
-            ").to(device)",
-        ]
-    return [f'inputs = tokenizer({literal}, return_tensors="pt").to(device)']
+def decoding_defaults(generation_config) -> dict[str, Any]:
+    """What `generate()` uses with this generation config when the call sets nothing: its ReFusion fields (unset
+    ones take the package defaults), `temperature`, and the answer length (the snippet's when it sets none)."""
+    config = RefusionGenerationConfig.from_generation_config(generation_config)
+    values = {name: default if getattr(config, name) is None else getattr(config, name)
+              for name, default in REFUSION_FIELDS.items()}  # fmt: skip
+    values.update(temperature=config.temperature, max_new_tokens=config.max_new_tokens or SNIPPET_MAX_NEW_TOKENS)
+    return values
 
 
-def _generation_lines(defaults: DecodingDefaults, max_new_tokens: int) -> list[str]:
-    return [
-        "output = model.generate(",
-        "    **inputs,",
-        defaults.generate_arguments("    ", max_new_tokens),
-        ")",
-        'answer = output.sequences[0, inputs["input_ids"].shape[1] :]',
-        "print(tokenizer.decode(answer, skip_special_tokens=True))",
-        'print(f"{output.num_forward_passes} forward passes, {output.tokens_per_forward[0]:.2f} tokens per forward")',
-        "",
-        "# The autoregressive baseline, same weights:",
-        f'baseline = model.generate(**inputs, max_new_tokens={max_new_tokens}, decoding="autoregressive")',
-    ]
+def fitting_max_new_tokens(defaults: dict[str, Any], prompt_length: int, max_positions: int | None) -> int:
+    """The default answer length, lowered (to a multiple of `slot_size`) when prompt plus canvas would not fit in
+    `max_positions`."""
+    if not max_positions:
+        return defaults["max_new_tokens"]
+    room = (max_positions - prompt_length) // defaults["slot_size"] * defaults["slot_size"]
+    return max(1, min(defaults["max_new_tokens"], room))
 
 
-def usage_snippet(model_id: str, defaults: DecodingDefaults, *, chat: bool, prompt: str, max_new_tokens: int) -> str:
-    """A runnable example that loads `model_id` through its remote code and decodes `prompt` with ReFusion."""
-    return "\n".join(
-        [
-            "import torch",
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            "",
-            f"model_id = {json.dumps(model_id)}",
-            'device = "cuda" if torch.cuda.is_available() else "cpu"',
-            "# trust_remote_code: the config class comes with the checkpoint (AutoTokenizer reads the config too)",
-            "tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)",
-            'model = AutoModelForCausalLM.from_pretrained(model_id, trust_remote_code=True, dtype="auto")',
-            "model = model.to(device).eval()",
-            "",
-            *_prompt_lines(prompt, chat),
-            *_generation_lines(defaults, max_new_tokens),
-        ]
-    )
+def decoding_rows(defaults: dict[str, Any], max_positions: int | None) -> list[dict[str, str]]:
+    rows = []
+    for name, meaning in KNOB_MEANINGS.items():
+        value = defaults[name]
+        shown = f'"{value}"' if name == "decoding" else _format(value, "g") if isinstance(value, float) else str(value)
+        if name == "max_new_tokens" and max_positions:
+            meaning += f" Prompt plus canvas must fit in {max_positions} positions."
+        rows.append({"name": name, "value": shown, "meaning": meaning})
+    return rows
 
 
-def adapter_usage_snippet(
-    base_id: str,
-    adapter_id: str,
-    defaults: DecodingDefaults,
-    *,
-    chat: bool,
-    prompt: str,
-    tokenizer_id: str,
-    max_new_tokens: int,
-) -> str:
-    """A runnable example that puts the adapter on its base (through `refusion_hf`, which loads both the official
-    and the remote-code checkpoint formats) and decodes `prompt` with ReFusion."""
-    return "\n".join(
-        [
-            "import torch",
-            "from peft import PeftModel",
-            "from transformers import AutoTokenizer",
-            "",
-            "from refusion_hf import RefusionForCausalLM",
-            "",
-            f"base_id = {json.dumps(base_id)}",
-            f"adapter_id = {json.dumps(adapter_id)}",
-            'device = "cuda" if torch.cuda.is_available() else "cpu"',
-            f"tokenizer = AutoTokenizer.from_pretrained({tokenizer_id})",
-            'base = RefusionForCausalLM.from_pretrained(base_id, dtype="auto")',
-            "model = PeftModel.from_pretrained(base, adapter_id).to(device).eval()",
-            "",
-            *_prompt_lines(prompt, chat),
-            *_generation_lines(defaults, max_new_tokens),
-        ]
-    )
+def generate_arguments(defaults: dict[str, Any], max_new_tokens: int) -> list[str]:
+    """Keyword arguments of the snippet's `generate()` call, one per line, comments aligned."""
+    note = "answer length limit"
+    if max_new_tokens < defaults["max_new_tokens"]:
+        note += f" (the default {defaults['max_new_tokens']} does not fit the context with this prompt)"
+    lines = [(f"max_new_tokens={max_new_tokens},", note)]
+    lines += [(f"{name}={defaults[name]!r},", comment) for name, comment in SNIPPET_ARGUMENTS]
+    if defaults["temperature"]:
+        lines.append((f"temperature={defaults['temperature']!r},", "> 0: sample the drafts"))
+    last = "return_dict_in_generate=True,"
+    width = max(len(code) for code in [last, *(code for code, _ in lines)]) + 2
+    return [f"{code.ljust(width)}# {comment}" for code, comment in lines] + [last]
 
 
 # ------------------------------------------------------------------------------------- eval and training
@@ -399,21 +266,8 @@ def _training_context(summary: TrainingSummary | None) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------------------------ cards
-def _render(template: str, card_data: ModelCardData, **context) -> ModelCard:
-    template_path = resources.files(__package__).joinpath(template)
-    return ModelCard.from_template(card_data, template_str=template_path.read_text(encoding="utf-8"), **context)
-
-
-def _card_data(
-    *,
-    library_name: str,
-    license: str,
-    base_model: str | None,
-    datasets: list[str] | None,
-    tags: list[str],
-    model_name: str,
-    reports: list[EvalReport],
-) -> ModelCardData:
+def _card_data(*, library_name: str, license: str, base_model: str | None, datasets: list[str] | None,
+               tags: list[str], model_name: str, reports: list[EvalReport]) -> ModelCardData:  # fmt: skip
     check_license(license)
     if base_model is not None:
         check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
@@ -432,14 +286,28 @@ def _card_data(
     )
 
 
-def _python_block(code: str) -> str:
-    # The fences are added here, not in the templates, so that formatters of Markdown code blocks leave the
-    # templates' Jinja placeholders alone.
-    return f"```python\n{code}\n```"
-
-
-def _prompt_length(tokenizer, prompt: str) -> int:
-    return len(prompt_ids(tokenizer, prompt))
+def _render(card_data: ModelCardData, *, defaults: dict[str, Any], prompt: str, prompt_length: int, chat: bool,
+            max_positions: int | None, reports: list[EvalReport], training: TrainingSummary | None,
+            facts: list[tuple[str, Any]], literals: dict[str, str], **context) -> ModelCard:  # fmt: skip
+    """The card from the one template (`adapter` in `context` switches the adapter's sections on); `literals` are
+    the snippet's strings, written as Python literals."""
+    max_new_tokens = fitting_max_new_tokens(defaults, prompt_length, max_positions)
+    template = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
+    literal = {name: json.dumps(value, ensure_ascii=False) for name, value in literals.items()}
+    return ModelCard.from_template(
+        card_data,
+        template_str=template,
+        literal={**literal, "prompt": json.dumps(prompt, ensure_ascii=False)},
+        chat=chat,
+        max_new_tokens=max_new_tokens,
+        generate_arguments=generate_arguments(defaults, max_new_tokens),
+        decoding_rows=decoding_rows(defaults, max_positions),
+        training=_training_context(training),
+        facts=[(name, _cell(value)) for name, value in facts],
+        citation=CITATION,
+        **_eval_context(reports),
+        **context,
+    )
 
 
 def _model_name(repo_id: str | None, folder: Path, name: str | None) -> str:
@@ -475,26 +343,14 @@ def build_model_card(
         check_repo_id(repo_id)
     config = RefusionConfig.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    defaults = DecodingDefaults.from_folder(folder)
     chat = bool(tokenizer.chat_template)
     reports = list(eval_reports or [])
     model_name = _model_name(repo_id, folder, name)
-    model_id = _model_id(repo_id, folder, name)
-    mask_id = config.mask_token_id
+    mask_id, eos = config.mask_token_id, config.eos_token_id
     mask_token = tokenizer.convert_ids_to_tokens(mask_id) if mask_id is not None else None
-    eos = config.eos_token_id
     eos_token = tokenizer.convert_ids_to_tokens(eos) if isinstance(eos, int) else eos
-    card_data = _card_data(
-        library_name="transformers",
-        license=license,
-        base_model=base_model,
-        datasets=datasets,
-        tags=MODEL_TAGS,
-        model_name=model_name,
-        reports=reports,
-    )
     dtype = getattr(config, "dtype", None)
-    model_facts = [
+    facts = [
         ("Architecture", "Qwen3 decoder, causal attention (`RefusionForCausalLM`, a `Qwen3ForCausalLM` subclass)"),
         ("Parameters", human_count(count_parameters(folder))),
         ("Layers", config.num_hidden_layers),
@@ -507,31 +363,27 @@ def build_model_card(
         ("End of sequence", f"`{eos_token}` (id {eos})"),
         ("Chat template", "yes" if chat else "no (prompts are plain text)"),
     ]
-    snippet = usage_snippet(
-        model_id,
-        defaults,
-        chat=chat,
-        prompt=example_prompt,
-        max_new_tokens=defaults.fitting_max_new_tokens(
-            _prompt_length(tokenizer, example_prompt), config.max_position_embeddings
-        ),
-    )
+    card_data = _card_data(library_name="transformers", license=license, base_model=base_model, datasets=datasets,
+                           tags=MODEL_TAGS, model_name=model_name, reports=reports)  # fmt: skip
     return _render(
-        MODEL_TEMPLATE,
         card_data,
+        defaults=decoding_defaults(RefusionGenerationConfig.from_pretrained(folder)),
+        prompt=example_prompt,
+        prompt_length=len(prompt_ids(tokenizer, example_prompt)),
+        chat=chat,
+        max_positions=config.max_position_embeddings,
+        reports=reports,
+        training=training,
+        facts=facts,
+        literals={"model_id": _model_id(repo_id, folder, name)},
+        adapter=False,
         model_name=model_name,
-        model_id=model_id,
+        model_id=_model_id(repo_id, folder, name),
         base_model=base_model,
         official_source=official_source,
-        usage_block=_python_block(snippet),
-        decoding_rows=defaults.rows(config.max_position_embeddings),
-        training=_training_context(training),
-        model_facts=[(name, _cell(value)) for name, value in model_facts],
         max_position_embeddings=f"{config.max_position_embeddings:,}",
         mask_token=mask_token,
-        citation=CITATION,
         framework_versions=framework_versions("transformers", "torch", "huggingface_hub", "refusion_hf"),
-        **_eval_context(reports),
     )
 
 
@@ -565,15 +417,9 @@ def build_adapter_card(
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
         chat = bool(tokenizer.chat_template)
-        prompt_length = _prompt_length(tokenizer, example_prompt)
-    defaults = (
-        DecodingDefaults.from_generation_config(base_generation_config)
-        if base_generation_config is not None
-        else DecodingDefaults.from_generation_config(RefusionGenerationConfig())
-    )
+        prompt_length = len(prompt_ids(tokenizer, example_prompt))
     reports = list(eval_reports or [])
     model_name = _model_name(repo_id, folder, name)
-    adapter_id = _model_id(repo_id, folder, name)
     tags = [
         *BASE_TAGS,
         peft_type.lower(),
@@ -581,19 +427,10 @@ def build_adapter_card(
         f"base_model:adapter:{base_model}",
         f"arxiv:{PAPER_ARXIV_ID}",
     ]
-    card_data = _card_data(
-        library_name="peft",
-        license=license,
-        base_model=base_model,
-        datasets=datasets,
-        tags=tags,
-        model_name=model_name,
-        reports=reports,
-    )
     targets = adapter_config.get("target_modules")
     if isinstance(targets, (list, tuple)):
         targets = ", ".join(f"`{name}`" for name in sorted(targets))
-    adapter_facts = [
+    facts = [
         ("PEFT method", peft_type),
         ("Base model", f"[{base_model}](https://huggingface.co/{base_model})"),
         ("Rank `r`", adapter_config.get("r", "–")),
@@ -603,28 +440,24 @@ def build_adapter_card(
         ("Trainable parameters", human_count(count_parameters(folder))),
         ("Tokenizer", "included" if has_tokenizer else "use the base model's"),
     ]
-    tokenizer_id = "adapter_id" if has_tokenizer else "base_id"
-    snippet = adapter_usage_snippet(
-        base_model,
-        adapter_id,
-        defaults,
-        chat=chat,
-        prompt=example_prompt,
-        tokenizer_id=tokenizer_id,
-        max_new_tokens=defaults.fitting_max_new_tokens(prompt_length, base_max_positions),
-    )
+    card_data = _card_data(library_name="peft", license=license, base_model=base_model, datasets=datasets,
+                           tags=tags, model_name=model_name, reports=reports)  # fmt: skip
     return _render(
-        ADAPTER_TEMPLATE,
         card_data,
+        defaults=decoding_defaults(base_generation_config or RefusionGenerationConfig()),
+        prompt=example_prompt,
+        prompt_length=prompt_length,
+        chat=chat,
+        max_positions=base_max_positions,
+        reports=reports,
+        training=training,
+        facts=facts,
+        literals={"model_id": _model_id(repo_id, folder, name), "base_id": base_model},
+        adapter=True,
         model_name=model_name,
         base_model=base_model,
+        has_tokenizer=has_tokenizer,
         peft_method="LoRA" if peft_type == "LORA" else peft_type,
-        usage_block=_python_block(snippet),
-        decoding_rows=defaults.rows(base_max_positions),
         decoding_from_base=base_generation_config is not None,
-        training=_training_context(training),
-        adapter_facts=[(name, _cell(value)) for name, value in adapter_facts],
-        citation=CITATION,
         framework_versions=framework_versions("peft", "transformers", "torch", "huggingface_hub", "refusion_hf"),
-        **_eval_context(reports),
     )
