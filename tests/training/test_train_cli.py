@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
 from refusion_hf import RefusionDataCollator, RefusionForCausalLM
 from refusion_hf.cli import main
@@ -83,6 +83,35 @@ def test_full_training_lowers_the_loss_and_saves_everything(full_run, fixture_pa
         assert trained(**batch).loss < base(**batch).loss
     out = trained.generate(torch.tensor([[20, 21, 22, 23]]), max_new_tokens=8, slot_size=4)
     assert 4 < out.shape[1] <= 12 and 3 not in out[0].tolist()  # up to 8 new tokens (fewer if EOS), no mask
+
+
+def test_training_writes_the_model_card_from_the_live_run(full_run, lora_run, fixture_path, tmp_path):
+    """The card `refusion publish` writes, written by the trainer at save time with this run's numbers; an adapter
+    on a local base keeps PEFT's stub card (ours could not name its base)."""
+    from huggingface_hub import ModelCard
+
+    from refusion_hf.training import RefusionTrainer
+
+    card = ModelCard.load(full_run / "README.md")
+    assert card.data.library_name == "transformers" and "refusion" in card.data.tags
+    state = json.loads((full_run / "trainer_state.json").read_text())
+    last_loss = [entry["loss"] for entry in state["log_history"] if "loss" in entry][-1]
+    training = card.text.split("## Training details", 1)[1]
+    assert "Optimizer steps: 40 of 40" in training and f"Last logged training loss: {last_loss:.4g}" in training
+    assert "| Step | Epoch | loss | ar_loss | mdm_loss | Learning rate |" in training
+    assert "refusion" not in (ModelCard.load(lora_run / "README.md").data.tags or [])
+
+    model = RefusionForCausalLM.from_pretrained(full_run)
+    trainer = RefusionTrainer(model=model, args=TrainingArguments(output_dir=str(full_run), report_to="none"))
+    with pytest.raises(ValueError, match="create_model_card: language, tags cannot go on the ReFusion card"):
+        trainer.create_model_card(tags=["x"], language="en")
+    adapter_trainer = RefusionTrainer(model=model, args=TrainingArguments(output_dir=str(lora_run), report_to="none"))
+    with pytest.raises(ValueError, match="the adapter's base model .* is not a Hub id; pass finetuned_from"):
+        adapter_trainer.create_model_card()
+    adapter_trainer.create_model_card(finetuned_from="test-org/base", model_name="my-adapter", dataset="test-org/d")
+    adapter_card = ModelCard.load(lora_run / "README.md")
+    assert adapter_card.data.library_name == "peft" and adapter_card.data.base_model == "test-org/base"
+    assert adapter_card.data.datasets == ["test-org/d"] and adapter_card.text.lstrip().startswith("# my-adapter")
 
 
 def test_saved_model_trains_through_its_remote_code(full_run, fixture_path, tmp_path):

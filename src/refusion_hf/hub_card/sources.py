@@ -236,9 +236,9 @@ def eval_results_of(reports: list[EvalReport]) -> list[EvalResult]:
 
 @dataclass
 class TrainingSummary:
-    """What the card shows of a Trainer run (`trainer_state.json`)."""
+    """What the card shows of a Trainer run (`trainer_state.json`, or the live trainer's state)."""
 
-    path: Path
+    path: Path | None
     global_step: int | None
     epoch: float | None
     max_steps: int | None
@@ -275,7 +275,13 @@ def load_training_summary(path: str | Path, max_rows: int = 10) -> TrainingSumma
     data = _read_json(path, what, "--trainer-state")
     if not isinstance(data, dict) or not isinstance(data.get("log_history"), list):
         raise CardSourceError(f"--trainer-state {path}: no 'log_history' list. Pass {what}.")
-    history = [entry for entry in data["log_history"] if isinstance(entry, dict)]
+    return training_summary(data, path, max_rows)
+
+
+def training_summary(state: dict, path: Path | None = None, max_rows: int = 10) -> TrainingSummary:
+    """The card's view of a Trainer's state: the saved `trainer_state.json`, or `dataclasses.asdict(trainer.state)`
+    of a live trainer (`RefusionTrainer.create_model_card`)."""
+    history = [entry for entry in state.get("log_history") or [] if isinstance(entry, dict)]
     loss_columns = _loss_columns(history)
     logged = [entry for entry in history if any(_is_number(entry.get(key)) for key in loss_columns)]
     rows = [
@@ -291,7 +297,7 @@ def load_training_summary(path: str | Path, max_rows: int = 10) -> TrainingSumma
     train_loss = final.get("train_loss")
     last_loss = next((entry["loss"] for entry in reversed(history) if _is_number(entry.get("loss"))), None)
 
-    def number(key: str, source: dict = data):
+    def number(key: str, source: dict = state):
         value = source.get(key)
         return value if _is_number(value) else None
 

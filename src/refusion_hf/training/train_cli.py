@@ -197,5 +197,15 @@ def run(args: argparse.Namespace) -> int:
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(output_dir)
     trainer.save_state()
+    if trainer.is_world_process_zero():
+        hub_base = None if Path(model_args.model).exists() else model_args.model  # a Hub id names the base
+        if model_args.lora and hub_base is None:
+            print(
+                "[refusion train] the adapter keeps PEFT's stub card: its base is a local folder; `refusion publish "
+                f"{output_dir} --base-model NAMESPACE/NAME` writes the ReFusion card.",
+                file=sys.stderr,
+            )
+        else:
+            trainer.create_model_card(finetuned_from=hub_base)
     trainer.accelerator.wait_for_everyone()  # no process leaves while another still writes or communicates
     return 0

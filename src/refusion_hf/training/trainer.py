@@ -15,7 +15,9 @@ resuming are the stock ones):
 * `data_collator` defaults to a `RefusionDataCollator` over `processing_class` and the model's mask token, seeded
   with `args.data_seed` (or `args.seed`), with the data options of `args` when they are `RefusionTrainingArguments`
   (an explicit collator that disagrees with them is refused);
-* label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels).
+* label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels);
+* `create_model_card` writes the ReFusion card (`hub_card`, the one `refusion publish` writes) from the live
+  training state into `output_dir`, after `save_model`, as trl's trainers do; `push_to_hub` calls it too.
 
 The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCollator` (set
 `remove_unused_columns=False`, add `RefusionEpochCallback`); it just does not log the two parts.
@@ -23,7 +25,10 @@ The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCol
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback
@@ -106,6 +111,58 @@ class RefusionTrainer(Trainer):
             self._loss_part_sums = values if self._loss_part_sums is None else self._loss_part_sums + values
             self._loss_part_count += 1
         return (loss, outputs) if return_outputs else loss
+
+    def create_model_card(
+        self,
+        language: str | None = None,
+        license: str | None = None,
+        tags: str | list[str] | None = None,
+        model_name: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write the ReFusion model card of the saved model (or adapter) in `output_dir`, with this run's training
+        details. `model_name` titles it, `license`, `finetuned_from` (a Hub id: the base model) and `dataset` /
+        `dataset_tags` (Hub dataset ids) go into its metadata. The card sets its own tags and task, so `language`,
+        `tags`, `tasks` and `dataset_args` are refused. An adapter's card needs `finetuned_from` unless the adapter
+        records a Hub id as its base."""
+        if not self.is_world_process_zero():
+            return
+        refused = [name for name, value in (("language", language), ("tags", tags), ("tasks", tasks),
+                                            ("dataset_args", dataset_args)) if value]  # fmt: skip
+        if refused:
+            raise ValueError(
+                f"create_model_card: {', '.join(refused)} cannot go on the ReFusion card (it sets its own tags and "
+                "task); drop them, or edit the README.md it writes."
+            )
+        from ..hub_card import build_adapter_card, build_model_card
+        from ..hub_card.sources import training_summary
+
+        folder = Path(self.args.output_dir)
+        datasets = []
+        for names in (dataset_tags, dataset):
+            datasets += [names] if isinstance(names, str) else list(names or [])
+        common = {
+            "training": training_summary(dataclasses.asdict(self.state)),
+            "datasets": list(dict.fromkeys(datasets)) or None,
+            "name": model_name,
+            **({"license": license} if license else {}),
+        }
+        if (folder / "adapter_config.json").exists():
+            recorded = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            base = finetuned_from or recorded
+            if not base or Path(base).exists():
+                raise ValueError(
+                    f"create_model_card: the adapter's base model ({base!r}) is not a Hub id; pass "
+                    "finetuned_from='namespace/base-model' (the card tells users which model to load it on)."
+                )
+            card = build_adapter_card(folder, base_model=base, **common)
+        else:
+            card = build_model_card(folder, base_model=finetuned_from, **common)
+        card.save(folder / "README.md")
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._loss_part_count:
