@@ -40,6 +40,11 @@ class DraftPolicy:
         return cls(torch.tensor(sorted(set(never_drafted)), dtype=torch.long, device=device))
 
     @property
+    def samples(self) -> bool:
+        """Whether drafts are sampled (each draw consumes the random generator)."""
+        return self.warpers is not None
+
+    @property
     def positional(self) -> bool:
         """Whether `scores` needs the answer offset each logits row predicts."""
         return self.min_new_tokens > 0 or self.begin_suppress is not None

@@ -179,6 +179,7 @@ class SequenceDecoder:
         self.plan_drafts: torch.LongTensor | None = None  # [len(pool), k], for draft streaming
         self.chosen: ChosenSlots | None = None
         self.lookahead: Lookahead | None = None  # set by `query` when the next plan rides along
+        self._examined = None  # between `examine` and `decide`: what the stage computed on the device
 
     # ----------------------------------------------------------------------------------------- helpers
     def _block_slots(self, block: int) -> list[int]:
@@ -319,59 +320,94 @@ class SequenceDecoder:
         return 0 if self.context is None else self.context.shape[0]
 
     # ----------------------------------------------------------------------------------------- advance
-    def advance(self, logits: torch.Tensor) -> int:
-        """Consume this sequence's logits of the last forward ([num_scored, V]); return how many leading query
-        tokens keep their KV in the cache (every stage commits a prefix of its query: the prompt, the verified
-        slots in position order, the completed infill slots in position order)."""
+    # Each stage is two halves: `_examine_*` does the device work on the forward's logits and returns what the
+    # decision needs as one 1-D long tensor (nothing is read yet); `_decide_*` takes those values, read on the
+    # host, and updates the state. `decode_batch` reads every row's tensor in ONE device-to-host transfer per
+    # forward; `advance` does both halves for one sequence.
+    def examine(self, logits: torch.Tensor) -> torch.LongTensor:
+        """Device half of consuming this sequence's logits of the last forward ([num_scored, V]); returns the
+        values `decide` needs (1-D, long). With a plan riding along, its decisions are examined too."""
         self.forward_passes += 1
         lookahead, self.lookahead = self.lookahead, None
         if lookahead is not None:
             logits, ahead_logits = logits[: lookahead.after], logits[lookahead.after :]
-        stage = self.stage
-        if stage is Stage.PLAN:
-            return self._plan(logits)
-        if stage is Stage.VERIFY:
-            keep = self._verify(logits)
-        elif stage is Stage.INFILL_DRAFT:
-            return self._infill_draft(logits)
-        else:
-            keep = self._infill_verify(logits)
-        # Verification stages commit a prefix of their query (`keep` tokens). The plan that rode along
-        # holds when that prefix is the whole query and the pool is the one it assumed.
-        if lookahead is not None and self.stage is Stage.PLAN:
-            if keep == lookahead.after and self.pool == lookahead.slots:
-                self._plan(ahead_logits)  # no context here: it keeps nothing
+        examine = {
+            Stage.PLAN: self._examine_plan,
+            Stage.VERIFY: self._examine_verify,
+            Stage.INFILL_DRAFT: self._examine_infill_draft,
+            Stage.INFILL_VERIFY: self._examine_infill_verify,
+        }[self.stage]
+        read, payload = examine(logits)
+        # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
+        # would consume the random generator even when the plan is then discarded, so a sampled plan is drawn in
+        # `decide`, only once it is known to hold (one more host read, for that row).
+        ahead = None
+        if lookahead is not None:
+            ahead = ahead_logits if self.policy.samples else self._examine_plan(ahead_logits, lookahead.slots)
+        self._examined = (read.shape[0], payload, lookahead, ahead)
+        return read if ahead is None or self.policy.samples else torch.cat([read, ahead[0]])
+
+    def decide(self, values: list[int]) -> int:
+        """Host half: apply the values `examine` returned (read on the host); return how many leading query
+        tokens keep their KV in the cache (every stage commits a prefix of its query: the prompt, the verified
+        slots in position order, the completed infill slots in position order)."""
+        size, payload, lookahead, ahead = self._examined
+        self._examined = None
+        decide = {
+            Stage.PLAN: self._decide_plan,
+            Stage.VERIFY: self._decide_verify,
+            Stage.INFILL_DRAFT: self._decide_infill_draft,
+            Stage.INFILL_VERIFY: self._decide_infill_verify,
+        }[self.stage]
+        keep = decide(payload, values[:size])
+        # Verification stages commit a prefix of their query (`keep` tokens). The plan that rode along holds when
+        # that prefix is the whole query and the pool is the one it assumed.
+        if ahead is not None and self.stage is Stage.PLAN and keep == lookahead.after and self.pool == lookahead.slots:
+            if self.policy.samples:
+                read, payload = self._examine_plan(ahead)
+                self._decide_plan(payload, read.tolist())  # no context here: it keeps nothing
+            else:
+                self._decide_plan(ahead[1], values[size:])
         return keep
 
-    def _plan(self, logits: torch.Tensor) -> int:
+    def advance(self, logits: torch.Tensor) -> int:
+        """`examine` and `decide` for this sequence alone (one host read)."""
+        return self.decide(self.examine(logits).tolist())
+
+    def _examine_plan(self, logits: torch.Tensor, pool: list[int] | None = None):
+        pool = self.pool if pool is None else pool
         k, settings = self.settings.slot_size, self.settings
+        scores = self._scores(logits, lambda: self._slot_positions(pool))  # a mask predicts itself
+        drafts = self.policy.draw(scores).view(-1, k)  # [P, k] (P = len(pool))
+        draft_probs = self.policy.token_probs(scores, drafts.flatten()).view(-1, k)
+        first = draft_probs[:, 0]  # [P] probability of each slot's first draft
+        confident = (draft_probs[:, 1:] > settings.token_threshold).all(-1)  # [P]
+        # Which slots pass, which slots' later drafts would all pass verification's threshold (planning ahead
+        # reads that), and the best slot (taken when none passes).
+        read = torch.cat([(first > settings.slot_threshold).long(), confident.long(), first.argmax().view(1)])
+        return read, (drafts, draft_probs, first)
+
+    def _decide_plan(self, payload, values: list[int]) -> int:
+        drafts, draft_probs, first = payload
+        k = self.settings.slot_size
         num_context = self._num_context()
         self.context = None
         self.step += 1
-        scores = self._scores(logits, lambda: self._slot_positions(self.pool))  # a mask predicts itself
-        drafts = self.policy.draw(scores)  # [len(pool)*k]
-        draft_probs = self.policy.token_probs(scores, drafts)
-        scores = draft_probs.view(-1, k)[:, 0]  # [P] probability of each slot's first draft (P = len(pool))
-        confident = (draft_probs.view(-1, k)[:, 1:] > settings.token_threshold).all(-1)  # [P]
-        # One host read for the plan's decisions: which slots pass, the best one (taken when none passes), and
-        # which slots' later drafts would all pass verification's threshold (planning ahead reads that).
-        over = scores > settings.slot_threshold
-        decisions = torch.cat([over.long(), confident.long(), scores.argmax().view(1)]).tolist()
         num_pool = len(self.pool)
-        picked = [i for i in range(num_pool) if decisions[i]] or [decisions[-1]]  # ascending = position order
-        self.plan_drafts = drafts.view(-1, k)
+        picked = [i for i in range(num_pool) if values[i]] or [values[-1]]  # ascending = position order
+        self.plan_drafts = drafts
         self.chosen = ChosenSlots(
             slots=[self.pool[i] for i in picked],
-            tokens=self.plan_drafts[picked],
-            scores=scores[picked],
-            draft_probs=draft_probs.view(-1, k)[picked],
-            confident=[bool(decisions[num_pool + i]) for i in picked],
+            tokens=drafts[picked],
+            scores=first[picked],
+            draft_probs=draft_probs[picked],
+            confident=[bool(values[num_pool + i]) for i in picked],
         )
         self.trace_chosen.append([slot * k for slot in self.chosen.slots])
         self.stage = Stage.VERIFY
         return num_context
 
-    def _verify(self, logits: torch.Tensor) -> int:
+    def _examine_verify(self, logits: torch.Tensor):
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         flat = chosen.tokens.flatten()  # [n*k]
@@ -383,10 +419,13 @@ class SequenceDecoder:
         prefix = prefix_length(accepted.flatten())  # the longest accepted prefix of the concatenation
         position = torch.arange(n * k, device=self.device)
         eos_in_prefix = first_true(self._is_eos(flat) & (position < prefix))
-        # One host read: the global prefix, its first EOS (n*k: none), and each slot's own accepted prefix.
-        global_prefix, first_eos, *own_prefixes = torch.cat(
-            [prefix.view(1), eos_in_prefix.view(1), prefix_length(accepted)]
-        ).tolist()
+        # The global prefix, its first EOS (n*k: none), and each slot's own accepted prefix.
+        return torch.cat([prefix.view(1), eos_in_prefix.view(1), prefix_length(accepted)]), flat
+
+    def _decide_verify(self, flat: torch.LongTensor, values: list[int]) -> int:
+        k, chosen = self.settings.slot_size, self.chosen
+        n = len(chosen.slots)
+        global_prefix, first_eos, *own_prefixes = values
         if first_eos < n * k:
             # Commit the chosen slots up to the first EOS (truncated right after it); nothing after it survives.
             end = first_eos + 1
@@ -406,7 +445,7 @@ class SequenceDecoder:
         self.stage = Stage.INFILL_DRAFT
         return 0  # nothing of this query is committed
 
-    def _infill_draft(self, logits: torch.Tensor) -> int:
+    def _examine_infill_draft(self, logits: torch.Tensor):
         k, chosen = self.settings.slot_size, self.chosen
         unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
         # [unfinished*k]: each masked position predicts itself
@@ -414,36 +453,42 @@ class SequenceDecoder:
         proposals = self.policy.draw(scores)
         # [unfinished, k]; only planning ahead reads the draft probabilities
         probs = self.policy.token_probs(scores, proposals).view(-1, k) if self.settings.plan_ahead else None
-        proposals = proposals.view(-1, k)
-        for row, i in enumerate(unfinished):
-            done = chosen.verified[i]
-            chosen.tokens[i, done:] = proposals[row, done:]
-            if probs is not None:
-                chosen.draft_probs[i, done:] = probs[row, done:]
-        if probs is not None:  # every draft after each slot's always-accepted token above the threshold?
-            pending = (
-                torch.arange(k, device=self.device)[None, :]
-                > torch.tensor(chosen.verified, device=self.device)[:, None]
-            )
-            confident = ((chosen.draft_probs > self.settings.token_threshold) | ~pending).all(-1)
-            chosen.confident = confident.tolist()
+        rows = torch.tensor(unfinished, dtype=torch.long, device=self.device)
+        arange = torch.arange(k, device=self.device)
+        redrafted = (
+            arange[None, :] >= torch.tensor([chosen.verified[i] for i in unfinished], device=self.device)[:, None]
+        )
+        chosen.tokens[rows] = torch.where(redrafted, proposals.view(-1, k), chosen.tokens[rows])
+        if probs is None:
+            return torch.zeros(0, dtype=torch.long, device=self.device), None
+        chosen.draft_probs[rows] = torch.where(redrafted, probs, chosen.draft_probs[rows])
+        # Per chosen slot: is every draft after its always-accepted token above the threshold?
+        pending = arange[None, :] > torch.tensor(chosen.verified, device=self.device)[:, None]
+        return ((chosen.draft_probs > self.settings.token_threshold) | ~pending).all(-1).long(), None
+
+    def _decide_infill_draft(self, _payload, values: list[int]) -> int:
+        if self.settings.plan_ahead:
+            self.chosen.confident = [bool(value) for value in values]
         self.stage = Stage.INFILL_VERIFY
         return 0  # nothing of this query is committed
 
-    def _infill_verify(self, logits: torch.Tensor) -> int:
+    def _examine_infill_verify(self, logits: torch.Tensor):
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         scores = self._scores(logits, lambda: self._slot_positions(chosen.slots) + 1)  # row j scores j + 1
         confidence = next_token_probs(scores.view(n, k, -1), chosen.tokens)  # [n, k]
         already = torch.tensor(chosen.verified, device=self.device)
         # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
-        forced = torch.arange(k, device=self.device)[None, :] <= already[:, None]
-        accepted = (confidence > self.settings.token_threshold) | forced
+        arange = torch.arange(k, device=self.device)
+        accepted = (confidence > self.settings.token_threshold) | (arange[None, :] <= already[:, None])
         verified = prefix_length(accepted)  # [n]
-        within = torch.arange(k, device=self.device)[None, :] < verified[:, None]
+        within = arange[None, :] < verified[:, None]
         eos_in_slot = first_true(self._is_eos(chosen.tokens) & within)  # [n]; k: no EOS in the verified prefix
-        # One host read: each slot's verified prefix and where an EOS lies in it.
-        values = torch.cat([verified, eos_in_slot]).tolist()
+        return torch.cat([verified, eos_in_slot]), None  # each slot's verified prefix and where an EOS lies in it
+
+    def _decide_infill_verify(self, _payload, values: list[int]) -> int:
+        k, chosen = self.settings.slot_size, self.chosen
+        n = len(chosen.slots)
         chosen.verified, eos_in_slot = values[:n], values[n:]
         ending = next((i for i in range(n) if eos_in_slot[i] < k), None)
         if ending is not None:
@@ -699,9 +744,15 @@ def decode_batch(
         queries = [sequences[row].query() for row in rows]
         logits = forward(model, cache, queries, pad_token_id)
         context_width = max(q.num_context for q in queries)
-        spans = []
-        for slot, (row, query) in enumerate(zip(rows, queries)):
-            kept = sequences[row].advance(logits[slot, : query.num_scored])
+        reads = [
+            sequences[row].examine(logits[slot, : q.num_scored]) for slot, (row, q) in enumerate(zip(rows, queries))
+        ]
+        # The step's one device-to-host transfer: every row's decisions at once.
+        values = torch.cat(reads).tolist() if sum(read.shape[0] for read in reads) else []
+        spans, offset = [], 0
+        for row, query, read in zip(rows, queries, reads):
+            kept = sequences[row].decide(values[offset : offset + read.shape[0]])
+            offset += read.shape[0]
             # The kept query prefix starts after the row's left padding in this forward's new cache segment.
             spans.append((context_width - query.num_context, kept))
         cache.keep_new_entries(spans)
