@@ -16,6 +16,12 @@ For the embedded model (its decoding defaults, synthetic test prompts through th
   `--stream` prompts against fixed batches of B (`generate()` per batch), both ReFusion, same prompts.
 
     .venv/bin/python benchmarks/decoder_profile.py --out benchmarks/results/decoder_profile.json
+
+`--reads-only` counts host reads alone (no timing, so it may run beside other work): per batch size, the reads of
+one `generate()` call on the first batch, its forward passes, and the reads of `decode_batch` alone (the decoding
+loop, without `generate()`'s setup and output) per forward.
+
+    .venv/bin/python benchmarks/decoder_profile.py --reads-only --out benchmarks/results/decoder_host_reads.json
 """
 
 from __future__ import annotations
@@ -89,6 +95,46 @@ def host_reads(fn) -> int:
         fn()
     names = ("aten::_local_scalar_dense", "aten::nonzero")
     return calls[0] + sum(event.count for event in prof.key_averages() if event.key in names)
+
+
+def host_read_counts(model, prompts: list[torch.Tensor], batch_sizes: list[int], kwargs: dict) -> dict:
+    """Host reads of one ReFusion `generate()` call per batch size (first batch), in all and inside the decoding
+    loop (`decode_batch`), per forward pass."""
+    counts = {}
+    for batch_size in batch_sizes:
+        ids, mask = left_pad(prompts[:batch_size], model.generation_config.pad_token_id)
+        output = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, **kwargs)
+        total = host_reads(
+            lambda ids=ids, mask=mask: model.generate(ids, attention_mask=mask, return_dict_in_generate=True, **kwargs)
+        )
+        loop = decoding_loop_reads(model, ids, mask, kwargs)
+        forwards = int(output.num_forward_passes)
+        counts[batch_size] = {
+            "forward_passes": forwards,
+            "host_reads": total,
+            "host_reads_in_decoding_loop": loop,
+            "loop_reads_per_forward": loop / forwards,
+        }
+    return counts
+
+
+def decoding_loop_reads(model, ids, mask, kwargs: dict) -> int:
+    """Host reads while `decode_batch` runs inside one `generate()` call."""
+    from refusion_hf.generation import refusion_generate
+
+    real, reads = refusion_generate.decode_batch, []
+
+    def counted(*args, **kw):
+        result = []
+        reads.append(host_reads(lambda: result.append(real(*args, **kw))))
+        return result[0]
+
+    refusion_generate.decode_batch = counted
+    try:
+        model.generate(ids, attention_mask=mask, return_dict_in_generate=True, **kwargs)
+    finally:
+        refusion_generate.decode_batch = real
+    return sum(reads)
 
 
 def left_pad(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,6 +280,7 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=64, help="embedded model: prompts of the continuous stream")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-wide", action="store_true", help="leave out the 512-wide random model")
+    parser.add_argument("--reads-only", action="store_true", help="count host reads only (no timing)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -243,6 +290,12 @@ def main() -> None:
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = embedded_prompts(tokenizer, args.prompts, seed=2026)
+    if args.reads_only:
+        model = RefusionForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+        with torch.no_grad():
+            counts = host_read_counts(model, prompts, batch_sizes, {"max_new_tokens": 64})
+        write_results({"model": "embedded", "dtype": "bfloat16", "host_reads": counts}, args.out)
+        return
     with torch.no_grad():
         for dtype in (torch.bfloat16, torch.float32):
             model = RefusionForCausalLM.from_pretrained(path, dtype=dtype).eval()

@@ -178,7 +178,8 @@ def refusion_generate(
         config, has_default_max_length, has_default_min_length, "input_ids", width, input_ids
     )
     model._validate_generated_length(config, width, has_default_max_length)
-    settings = decoding_settings(model, config, width, int(attention_mask.sum(1).max()))
+    prompt_lengths = attention_mask.sum(1).tolist()  # left padding: each row's prompt is its last n tokens
+    settings = decoding_settings(model, config, width, max(prompt_lengths))
     pad_token_id = int(config._pad_token_tensor)
     repeats = config.num_return_sequences or 1
     input_ids = input_ids.repeat_interleave(repeats, dim=0)
@@ -203,7 +204,7 @@ def refusion_generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
     stream = _StreamForwarder(streamer) if streamer is not None else None
-    prompts = [row[mask] for row, mask in zip(input_ids, attention_mask.bool())]
+    prompts = [row[width - n :] for row, n in zip(input_ids, (n for n in prompt_lengths for _ in range(repeats)))]
     result = decode_batch(
         model,
         prompts,
