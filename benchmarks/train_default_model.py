@@ -84,14 +84,13 @@ def log(message: str) -> None:
 
 
 class StageTimings:
-    """Wall time of each stage run by this invocation, merged into a JSON file after every stage (a resumed run
-    keeps the times of the stages it reused; two processes training the branches side by side each add theirs)."""
+    """Wall time of each stage run by this invocation, merged into a JSON file after every stage, with the
+    arguments of the invocation that ran it (a resumed run keeps the times of the stages it reused; two processes
+    training the branches side by side each add theirs)."""
 
     def __init__(self, path: Path, **settings):
         self.path = path
-        previous = self._read()
-        # The settings of the run that trained the reused stages stay (a resumed `--install` run changes none).
-        self.settings = previous.get("settings") or {**settings, "torch_threads": torch.get_num_threads()}
+        self.settings = {**settings, "torch_threads": torch.get_num_threads()}
 
     def _read(self) -> dict:
         return json.loads(self.path.read_text()) if self.path.exists() else {}
@@ -100,11 +99,13 @@ class StageTimings:
         start = time.time()
         result = stage(*args)
         elapsed = (time.time() - start) / 60
-        minutes = self._read().get("minutes", {})
+        report = self._read()
+        minutes, runs = report.get("minutes", {}), report.get("stage_settings", {})
         if elapsed > 0.05 or name not in minutes:  # a reused stage returns at once
             minutes[name] = round(elapsed, 2)
+            runs[name] = self.settings
         total = sum(minutes.values())
-        report = {"minutes": minutes, "total_minutes": round(total, 2), "settings": self.settings}
+        report.update(minutes=minutes, total_minutes=round(total, 2), stage_settings=runs)
         self.path.write_text(json.dumps(report, indent=2) + "\n")
         log(f"{name} done ({elapsed:.1f} min; {total:.1f} min for all stages so far)")
         return result
