@@ -20,7 +20,9 @@ verified was drafted with a probability above the token threshold (extra query t
 
 `decode_batch` drives all sequences in lock step: every loop iteration asks each unfinished sequence for its
 next `Query` (tokens, original positions, which query tokens see which), runs ONE model forward for all of
-them on top of one shared KV cache, and hands each sequence its logits. A sequence answers with the query
+them on top of one shared KV cache, and hands each sequence its logits. Each sequence examines them on the device
+(`examine`: drafts, confidences, accepted prefixes, as one small tensor of decision values), every row's values
+are read to the host in ONE transfer, and each sequence decides (`decide`). A sequence answers with the query
 tokens it commits; their KV entries are kept, everything else the forward appended is dropped. So the cache
 always holds exactly the committed tokens (prompt first, then commit order), rows are ragged (a validity
 mask says which entries each row may attend to), and chosen slots that must not see each other are packed
