@@ -76,6 +76,7 @@ def main() -> None:
                 + ["--timing-repeats", "1"]
             )
             row["previous_accuracy"] = previous["refusion"]["accuracy"]
+            row["previous_tokens_per_second"] = previous["refusion"]["tokens_per_second"]  # another process
         row["meets_targets"] = row["points_behind"] <= POINTS and row["speedup"] >= RATIO
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
