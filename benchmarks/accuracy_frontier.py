@@ -1,7 +1,7 @@
 """Accuracy against tokens per forward: a sweep of ReFusion decoding settings on the trained default model,
 against token-level parallel decoding on the same weights (slot size 1), autoregressive decoding of the same
-weights, and the controlled AR baseline model of `train_default_model.py` (`ar_continued`: the same AR model
-trained autoregressively for as many extra steps as the ReFusion fine-tuning took). All on the synthetic test
+weights, and the controlled AR baseline model of `train_default_model.py` (benchmarks/models/ar_baseline: the same
+converged AR model trained autoregressively for as many steps as the ReFusion fine-tuning took). All on the synthetic test
 split, one process; writes JSON and a PNG plot.
 
     .venv/bin/python benchmarks/accuracy_frontier.py --seed 7 --limit 60
@@ -44,8 +44,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument(
         "--ar-baseline",
-        default=str(ROOT / "out" / "default_model" / "ar_continued"),
-        help="the controlled AR baseline model (written by train_default_model.py); 'none' to leave it out",
+        default=str(ROOT / "benchmarks" / "models" / "ar_baseline"),
+        help="the controlled AR baseline model (train_default_model.py --install puts it there); 'none' to leave "
+        "it out",
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "accuracy_frontier.json"))
     parser.add_argument("--replot", action="store_true", help="only redraw the PNG of --out's JSON")
@@ -101,8 +102,8 @@ def replot(json_path: Path) -> None:
 def evaluate_ar_baseline(folder: Path, task, args, dtype: torch.dtype) -> dict:
     if not (folder / "model.safetensors").exists():
         raise SystemExit(
-            f"no AR baseline model in {folder}: run benchmarks/train_default_model.py (its ar_continued stage) or "
-            "pass --ar-baseline none"
+            f"no AR baseline model in {folder}: run benchmarks/train_default_model.py --install (its ar_continued "
+            "stage) or pass --ar-baseline none"
         )
     tokenizer = AutoTokenizer.from_pretrained(folder)
     # A plain Qwen3 checkpoint loads as is; same dtype as the ReFusion model.
