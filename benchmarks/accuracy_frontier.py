@@ -1,8 +1,8 @@
 """Accuracy against tokens per forward: a sweep of ReFusion decoding settings on the trained default model,
 against token-level parallel decoding on the same weights (slot size 1), autoregressive decoding of the same
 weights, and the controlled AR baseline model of `train_default_model.py` (benchmarks/models/ar_baseline: the same
-converged AR model trained autoregressively for as many steps as the ReFusion fine-tuning took). All on the synthetic test
-split, one process; writes JSON and a PNG plot.
+converged AR model trained autoregressively for as many steps as the ReFusion fine-tuning took). All on the
+synthetic test split, one process; writes JSON and a PNG plot.
 
     .venv/bin/python benchmarks/accuracy_frontier.py --seed 7 --limit 60
 """
