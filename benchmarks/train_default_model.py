@@ -429,7 +429,9 @@ def install(refusion_dir: Path, decoding: dict) -> None:
     if PACKAGE_MODEL.exists():
         shutil.rmtree(PACKAGE_MODEL)
     shutil.copytree(
-        refusion_dir, PACKAGE_MODEL, ignore=shutil.ignore_patterns("checkpoint-*", "*.py", "runs", "training_args.bin")
+        refusion_dir,
+        PACKAGE_MODEL,
+        ignore=shutil.ignore_patterns("checkpoint-*", "*.py", "runs", "training_args.bin", "README.md"),
     )
     with tempfile.TemporaryDirectory() as staging:
         RefusionForCausalLM.from_pretrained(refusion_dir, dtype=torch.bfloat16).save_pretrained(staging)
@@ -476,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ar-min-gain", type=float, default=0.01, help="accuracy gain that counts as progress")
     parser.add_argument("--validation-seed", type=int, default=500, help="test-split seed deciding convergence")
     parser.add_argument("--validation-problems", type=int, default=200)
-    parser.add_argument("--finetune-steps", type=int, default=2500, help="steps of each branch")
+    parser.add_argument("--finetune-steps", type=int, default=2000, help="steps of each branch")
     parser.add_argument("--finetune-learning-rate", type=float, default=1e-3)
     parser.add_argument("--slot-sizes", default="4,8", help="ReFusion branch: slot sizes drawn per example")
     parser.add_argument(
