@@ -65,6 +65,8 @@ CASES = {
     "generate unknown flag": lambda bad, out: _generate(bad, "--bogus"),
     "eval unwritable json": lambda bad, out: ["eval", "--limit", "1", "--json", f"{UNWRITABLE}.json"],
     "eval missing model": lambda bad, out: ["eval", "--limit", "1", "--model", str(bad["root"] / "missing")],
+    "eval missing baseline model": lambda bad, out: ["eval", "--limit", "1", "--baseline-model",
+                                                     str(bad["root"] / "missing")],
     "eval bad timeout": lambda bad, out: ["eval", "--limit", "1", "--code-timeout", "0"],
     "train no tokenizer": lambda bad, out: _train(bad, "--model", str(bad["notokenizer"]), "--output-dir", out),
     "train missing data": lambda bad, out: ["train", "--data", str(bad["root"] / "none.jsonl"), "--model",

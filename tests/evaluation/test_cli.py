@@ -117,6 +117,8 @@ def test_a_baseline_model_decodes_autoregressively_beside_the_model(tmp_path, ar
 
     message = user_error(capsys, ["eval", *FAST, "--baseline-model", str(default_model_path())])
     assert "--baseline-model: its tokenizer encodes differently from the model's" in message
+    message = user_error(capsys, ["eval", *FAST, "--baseline-model", str(tmp_path / "missing")])
+    assert message.startswith(f"--baseline-model {tmp_path / 'missing'}: no such folder")
 
 
 def test_planning_ahead_can_be_switched_off(tmp_path):

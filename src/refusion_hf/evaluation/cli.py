@@ -313,7 +313,9 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
         )
     baseline_model = None
     if args.baseline_model is not None:
-        baseline_model, baseline_tokenizer = load_model_and_tokenizer(args.baseline_model, args.dtype)
+        baseline_model, baseline_tokenizer = load_model_and_tokenizer(
+            args.baseline_model, args.dtype, option="--baseline-model"
+        )
         check_same_encoding(tokenizer, baseline_tokenizer)
     chat = bool(tokenizer.chat_template) if args.apply_chat_template is None else args.apply_chat_template
     if chat and not tokenizer.chat_template:

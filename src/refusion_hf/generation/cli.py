@@ -50,10 +50,10 @@ def add_dtype_argument(parser) -> None:
     )
 
 
-def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
+def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str = "--model"):
     """The model (eval mode) and tokenizer. `dtype="auto"` keeps the checkpoint's own dtype (the embedded model is
     stored in bfloat16), except that a bfloat16 checkpoint runs in float32 on a CPU without bfloat16 instructions,
-    where bfloat16 is emulated and slow (a note says so)."""
+    where bfloat16 is emulated and slow (a note says so). Errors name `option`, the flag that gave the path."""
     from safetensors import SafetensorError
 
     from ..modeling import RefusionForCausalLM
@@ -61,13 +61,13 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto"):
     if dtype not in DTYPES:
         raise CommandError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
     source = str(model) if model else str(default_model_path())
-    check_checkpoint_folder(source, "--model")
-    check_tokenizer_files(source, "--model")
+    check_checkpoint_folder(source, option)
+    check_tokenizer_files(source, option)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
     except (OSError, ValueError, SafetensorError) as error:
-        raise CommandError(f"--model {source}: the checkpoint does not load ({first_line(error)}).") from None
+        raise CommandError(f"{option} {source}: the checkpoint does not load ({first_line(error)}).") from None
     bfloat16_on_cpu = dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu"
     if bfloat16_on_cpu and not cpu_has_bfloat16_instructions():  # /proc/cpuinfo read only when it decides
         print(
