@@ -204,7 +204,8 @@ def refusion_generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
     stream = _StreamForwarder(streamer) if streamer is not None else None
-    prompts = [row[width - n :] for row, n in zip(input_ids, (n for n in prompt_lengths for _ in range(repeats)))]
+    row_lengths = [n for n in prompt_lengths for _ in range(repeats)]  # as input_ids.repeat_interleave
+    prompts = [row[width - n :] for row, n in zip(input_ids, row_lengths)]
     result = decode_batch(
         model,
         prompts,

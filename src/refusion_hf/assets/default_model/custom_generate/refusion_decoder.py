@@ -151,6 +151,18 @@ class Lookahead:
     after: int  # query tokens before the masks: all of them must be committed, in query order
 
 
+@dataclass
+class Examined:
+    """What `SequenceDecoder.examine` left for `decide`: how many values are the stage's own, the stage's device
+    results, and the plan that rode along (its logits, and its examined results when drafts are greedy)."""
+
+    size: int
+    payload: object
+    lookahead: Lookahead | None
+    ahead_logits: torch.Tensor | None
+    ahead: tuple | None
+
+
 class SequenceDecoder:
     """ReFusion decoding state of one sequence; see the module docstring for the stages."""
 
@@ -181,7 +193,7 @@ class SequenceDecoder:
         self.plan_drafts: torch.LongTensor | None = None  # [len(pool), k], for draft streaming
         self.chosen: ChosenSlots | None = None
         self.lookahead: Lookahead | None = None  # set by `query` when the next plan rides along
-        self._examined = None  # between `examine` and `decide`: what the stage computed on the device
+        self._examined: Examined | None = None  # between `examine` and `decide`
 
     # ----------------------------------------------------------------------------------------- helpers
     def _block_slots(self, block: int) -> list[int]:
@@ -331,45 +343,36 @@ class SequenceDecoder:
         values `decide` needs (1-D, long). With a plan riding along, its decisions are examined too."""
         self.forward_passes += 1
         lookahead, self.lookahead = self.lookahead, None
+        ahead_logits = None
         if lookahead is not None:
             logits, ahead_logits = logits[: lookahead.after], logits[lookahead.after :]
-        examine = {
-            Stage.PLAN: self._examine_plan,
-            Stage.VERIFY: self._examine_verify,
-            Stage.INFILL_DRAFT: self._examine_infill_draft,
-            Stage.INFILL_VERIFY: self._examine_infill_verify,
-        }[self.stage]
-        read, payload = examine(logits)
+        read, payload = getattr(self, f"_examine_{self.stage.value}")(logits)
         # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
         # would consume the random generator even when the plan is then discarded, so a sampled plan is drawn in
         # `decide`, only once it is known to hold (one more host read, for that row).
         ahead = None
-        if lookahead is not None:
-            ahead = ahead_logits if self.policy.samples else self._examine_plan(ahead_logits, lookahead.slots)
-        self._examined = (read.shape[0], payload, lookahead, ahead)
-        return read if ahead is None or self.policy.samples else torch.cat([read, ahead[0]])
+        if ahead_logits is not None and not self.policy.samples:
+            ahead = self._examine_plan(ahead_logits, lookahead.slots)
+        self._examined = Examined(read.shape[0], payload, lookahead, ahead_logits, ahead)
+        return read if ahead is None else torch.cat([read, ahead[0]])
 
     def decide(self, values: list[int]) -> int:
         """Host half: apply the values `examine` returned (read on the host); return how many leading query
         tokens keep their KV in the cache (every stage commits a prefix of its query: the prompt, the verified
         slots in position order, the completed infill slots in position order)."""
-        size, payload, lookahead, ahead = self._examined
-        self._examined = None
-        decide = {
-            Stage.PLAN: self._decide_plan,
-            Stage.VERIFY: self._decide_verify,
-            Stage.INFILL_DRAFT: self._decide_infill_draft,
-            Stage.INFILL_VERIFY: self._decide_infill_verify,
-        }[self.stage]
-        keep = decide(payload, values[:size])
+        examined, self._examined = self._examined, None
+        keep = getattr(self, f"_decide_{self.stage.value}")(examined.payload, values[: examined.size])
         # Verification stages commit a prefix of their query (`keep` tokens). The plan that rode along holds when
         # that prefix is the whole query and the pool is the one it assumed.
-        if ahead is not None and self.stage is Stage.PLAN and keep == lookahead.after and self.pool == lookahead.slots:
-            if self.policy.samples:
-                read, payload = self._examine_plan(ahead)
-                self._decide_plan(payload, read.tolist())  # no context here: it keeps nothing
+        lookahead = examined.lookahead
+        holds = lookahead is not None and keep == lookahead.after and self.pool == lookahead.slots
+        if holds and self.stage is Stage.PLAN:
+            if examined.ahead is None:  # sampled: drawn now that it holds
+                read, payload = self._examine_plan(examined.ahead_logits)
+                ahead_values = read.tolist()
             else:
-                self._decide_plan(ahead[1], values[size:])
+                (_, payload), ahead_values = examined.ahead, values[examined.size :]
+            self._decide_plan(payload, ahead_values)  # no context here: it keeps nothing
         return keep
 
     def advance(self, logits: torch.Tensor) -> int:
