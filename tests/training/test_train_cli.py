@@ -106,7 +106,8 @@ def test_training_writes_the_model_card_from_the_live_run(full_run, lora_run, fi
     with pytest.raises(ValueError, match="create_model_card: language, tags cannot go on the ReFusion card"):
         trainer.create_model_card(tags=["x"], language="en")
     adapter_trainer = RefusionTrainer(model=model, args=TrainingArguments(output_dir=str(lora_run), report_to="none"))
-    with pytest.raises(ValueError, match="the adapter's base model .* is not a Hub id; pass finetuned_from"):
+    local_base = r"the adapter's base model \(pass finetuned_from\) '.*' is a local path; it must be a Hub"
+    with pytest.raises(ValueError, match=local_base):
         adapter_trainer.create_model_card()
     adapter_trainer.create_model_card(finetuned_from="test-org/base", model_name="my-adapter", dataset="test-org/d")
     adapter_card = ModelCard.load(lora_run / "README.md")

@@ -139,6 +139,7 @@ class RefusionTrainer(Trainer):
                 "task); drop them, or edit the README.md it writes."
             )
         from ..hub_card import build_adapter_card, build_model_card
+        from ..hub_card.card import check_hub_id
         from ..hub_card.sources import training_summary
 
         folder = Path(self.args.output_dir)
@@ -154,11 +155,12 @@ class RefusionTrainer(Trainer):
         if (folder / "adapter_config.json").exists():
             recorded = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
             base = finetuned_from or recorded
-            if not base or Path(base).exists():
+            if not base:
                 raise ValueError(
-                    f"create_model_card: the adapter's base model ({base!r}) is not a Hub id; pass "
-                    "finetuned_from='namespace/base-model' (the card tells users which model to load it on)."
+                    "create_model_card: the adapter records no base model; pass finetuned_from='namespace/base-model' "
+                    "(the card tells users which model to load it on)."
                 )
+            check_hub_id(base, "create_model_card: the adapter's base model (pass finetuned_from)", "namespace/base")
             card = build_adapter_card(folder, base_model=base, **common)
         else:
             card = build_model_card(folder, base_model=finetuned_from, **common)
