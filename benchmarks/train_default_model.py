@@ -221,7 +221,12 @@ def train_causal_lm(model, tokenizer, features, output_dir: Path, arguments: Tra
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     trainer.state.save_to_json(str(output_dir / "trainer_state.json"))
-    for checkpoint in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+    remove_checkpoints(output_dir)
+
+
+def remove_checkpoints(folder: Path) -> None:
+    """A complete stage keeps its final model only."""
+    for checkpoint in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
         shutil.rmtree(checkpoint)
 
 
@@ -401,8 +406,7 @@ def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
             *(["--resume-from-checkpoint", resume] if resume else []),
         ]
     )
-    for checkpoint in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-        shutil.rmtree(checkpoint)
+    remove_checkpoints(folder)
     return folder
 
 
