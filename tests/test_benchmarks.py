@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -54,6 +56,14 @@ def test_heldout_comparison_runs_end_to_end_on_the_fixture(tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     results = json.loads(out.read_text())
     assert [row["seed"] for row in results["seeds"]] == [1, 2]
+    targets = results["targets"]
     for row in results["seeds"]:
         assert row["speedup"] > 0 and 0 <= row["refusion_accuracy"] <= 1 and "previous_accuracy" in row
-    assert results["summary"]["seeds_meeting_targets"] <= 2
+        behind = 100 * (row["baseline_accuracy"] - row["refusion_accuracy"])
+        assert row["points_behind"] == pytest.approx(behind, abs=0.01)
+        assert row["speedup"] == pytest.approx(row["refusion_tokens_per_second"] / row["baseline_tokens_per_second"])
+        close = row["points_behind"] <= targets["points_behind_at_most"]
+        assert row["meets_targets"] is (close and row["speedup"] >= targets["speedup_at_least"])
+    summary = results["summary"]
+    assert summary["seeds_meeting_targets"] == sum(row["meets_targets"] for row in results["seeds"])
+    assert summary["min_speedup"] == min(row["speedup"] for row in results["seeds"])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from refusion_hf import RefusionDataCollator
-from tests.training.invariants import check_batch
+from tests.training.invariants import check_batch, check_row
 
 MASK, PAD, EOS = 3, 0, 1
 
@@ -158,9 +158,9 @@ def test_plain_autoregressive_examples_mix_in_at_their_rate():
         assert batch["labels"][row, length - 1 :].eq(-100).all()
         assert not batch["mdm_weights"][row].any()
     assert 0.18 * len(features) < len(plain) < 0.32 * len(features)
-    # The other rows are ReFusion rows, and rows of a collator without plain examples obey every invariant.
-    refusion_rows = [row for row in range(len(features)) if row not in plain]
-    assert all(batch["mdm_weights"][row].any() or batch["input_ids"][row].ne(MASK).all() for row in refusion_rows)
+    # Every other row is a ReFusion row obeying every invariant, its MDM weights normalised by the whole batch.
+    for row in (row for row in range(len(features)) if row not in plain):
+        check_row(features[row], batch, row, MASK, PAD, (4, 8), mixed.eps, num_examples=len(features))
     unmixed = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, slot_sizes=(4, 8), ar_fraction=0.0, seed=5)
     check_batch(features, unmixed(features), unmixed)
     every = RefusionDataCollator(mask_token_id=MASK, pad_token_id=PAD, ar_fraction=1.0, seed=5)(features[:8])
