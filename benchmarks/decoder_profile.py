@@ -17,11 +17,13 @@ For the embedded model (its decoding defaults, synthetic test prompts through th
 
     .venv/bin/python benchmarks/decoder_profile.py --out benchmarks/results/decoder_profile.json
 
-`--reads-only` counts host reads alone (no timing, so it may run beside other work): per batch size, the reads of
-one `generate()` call on the first batch, its forward passes, and the reads of `decode_batch` alone (the decoding
-loop, without `generate()`'s setup and output) per forward.
+`--counts-only` counts without timing (so it may run beside other work): per batch size, the host reads of one
+`generate()` call on the first batch, its forward passes, the reads of `decode_batch` alone (the decoding loop,
+without `generate()`'s setup and output) per forward, and the query-shape figures above (padding share, rows
+active, query tokens per committed token) over all prompts; for the 512-wide model, the query-shape figures at
+batch 1 and 4 (float32).
 
-    .venv/bin/python benchmarks/decoder_profile.py --reads-only --out benchmarks/results/decoder_host_reads.json
+    .venv/bin/python benchmarks/decoder_profile.py --counts-only --out benchmarks/results/decoder_host_reads.json
 """
 
 from __future__ import annotations
@@ -271,6 +273,29 @@ def embedded_prompts(tokenizer, n: int, seed: int) -> list[torch.Tensor]:
     return [torch.tensor(prompt_ids(tokenizer, p.prompt)) for p in problems]
 
 
+def wide_model_and_prompts():
+    """The random 512-wide, 8-layer Qwen3 (float32), its 4 random 256-token prompts and decoding knobs."""
+    torch.manual_seed(0)
+    config = RefusionConfig(
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=1024,
+        mask_token_id=3,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    model = RefusionForCausalLM(config).eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 1
+    prompts = [torch.randint(4, 4096, (256,)) for _ in range(4)]
+    kwargs = dict(max_new_tokens=128, slot_size=8, block_size=64, slot_threshold=0.0, token_threshold=0.5)
+    return model, prompts, kwargs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoder_profile.json"))
@@ -280,7 +305,7 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=64, help="embedded model: prompts of the continuous stream")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-wide", action="store_true", help="leave out the 512-wide random model")
-    parser.add_argument("--reads-only", action="store_true", help="count host reads only (no timing)")
+    parser.add_argument("--counts-only", action="store_true", help="count host reads and query shapes (no timing)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -290,11 +315,18 @@ def main() -> None:
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = embedded_prompts(tokenizer, args.prompts, seed=2026)
-    if args.reads_only:
+    if args.counts_only:
         model = RefusionForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+        kwargs = {"max_new_tokens": 64}
         with torch.no_grad():
-            counts = host_read_counts(model, prompts, batch_sizes, {"max_new_tokens": 64})
-        write_results({"model": "embedded", "dtype": "bfloat16", "host_reads": counts}, args.out)
+            counts = host_read_counts(model, prompts, batch_sizes, kwargs)
+            shapes = {b: query_shape_stats(model, prompts, b, kwargs) for b in batch_sizes}
+            wide = {}
+            if not args.skip_wide:
+                model, wide_prompts, kwargs = wide_model_and_prompts()
+                wide = {b: query_shape_stats(model, wide_prompts, b, kwargs) for b in (1, 4)}
+        results = {"model": "embedded", "dtype": "bfloat16", "host_reads": counts, "query_shapes": shapes}
+        write_results({**results, "wide_512x8_float32_query_shapes": wide}, args.out)
         return
     with torch.no_grad():
         for dtype in (torch.bfloat16, torch.float32):
@@ -309,24 +341,7 @@ def main() -> None:
             }
             print(name, results["continuous_batching"][name], flush=True)
         if not args.skip_wide:
-            torch.manual_seed(0)
-            config = RefusionConfig(
-                vocab_size=4096,
-                hidden_size=512,
-                intermediate_size=1536,
-                num_hidden_layers=8,
-                num_attention_heads=8,
-                num_key_value_heads=4,
-                head_dim=64,
-                max_position_embeddings=1024,
-                mask_token_id=3,
-                eos_token_id=1,
-                pad_token_id=0,
-            )
-            model = RefusionForCausalLM(config).eval()
-            model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 1
-            wide_prompts = [torch.randint(4, 4096, (256,)) for _ in range(4)]
-            kwargs = dict(max_new_tokens=128, slot_size=8, block_size=64, slot_threshold=0.0, token_threshold=0.5)
+            model, wide_prompts, kwargs = wide_model_and_prompts()
             for dtype in (torch.bfloat16, torch.float32):
                 model = model.to(dtype)
                 name = str(dtype).removeprefix("torch.")

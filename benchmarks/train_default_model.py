@@ -15,9 +15,10 @@ from its last checkpoint, so the recipe can be stopped and rerun at any point):
 4. converted     `refusion convert` (adds <|mask|> and <|beginoftext|>, mean-initialised rows, our config + code).
 5. refusion_*    `refusion train` from the converted model: ReFusion fine-tuning (slot-permutation collator, AR +
                  MDM loss), --finetune-steps with a cosine schedule; --slot-sizes and --ar-fraction (the share of
-                 plain autoregressive examples mixed in) name the variant's folder.
-6. ar_continued  the controlled baseline: the same ar_base trained autoregressively on the same data for the same
-                 steps with the same schedule.
+                 plain autoregressive examples mixed in) and the steps name the variant's folder.
+6. ar_continued_steps<N>
+                 the controlled baseline: the same ar_base trained autoregressively on the same data for the same
+                 steps (N) with the same schedule.
 
 Every training stage packs each batch's 32 examples into rows of --packing-length tokens (`PackedCausalLMCollator`,
 `refusion train --packing-length`) instead of padding them to the longest: the same examples and losses per step,
@@ -353,8 +354,13 @@ def stage_convert(work: Path, ar_base: Path) -> Path:
 
 
 def variant_name(args) -> str:
-    """The ReFusion branch's folder: its slot sizes and the share of plain autoregressive examples."""
-    return f"refusion_k{args.slot_sizes.replace(',', '-')}_ar{args.ar_fraction:g}"
+    """The ReFusion branch's folder: its slot sizes, the share of plain autoregressive examples and its steps."""
+    return f"refusion_k{args.slot_sizes.replace(',', '-')}_ar{args.ar_fraction:g}_steps{args.finetune_steps}"
+
+
+def baseline_name(args) -> str:
+    """The controlled baseline's folder: as many steps as the ReFusion branch it is compared with."""
+    return f"ar_continued_steps{args.finetune_steps}"
 
 
 def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
@@ -413,12 +419,12 @@ def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
 def stage_ar_continued(work: Path, data: Path, ar_base: Path, args) -> Path:
     """The controlled baseline: the same converged AR model, trained autoregressively on the same data for as many
     steps, with the same schedule, as the ReFusion branch."""
-    folder = work / "ar_continued"
+    folder = work / baseline_name(args)
     if (folder / "model.safetensors").exists():
         return folder
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ar_base)
     model = Qwen3ForCausalLM.from_pretrained(ar_base)
-    log(f"ar_continued: {args.finetune_steps} more autoregressive steps")
+    log(f"{folder.name}: {args.finetune_steps} more autoregressive steps")
     features = causal_lm_features(data / "train.jsonl", tokenizer)
     arguments = training_arguments(
         folder, args.finetune_steps, args.finetune_learning_rate, args.batch_size, warmup_steps=50
@@ -528,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.stop_after == "refusion":
             return
     if args.branch in ("both", "ar"):
-        ar_continued = timings.run("ar_continued", stage_ar_continued, work, data, ar_base, args)
+        ar_continued = timings.run(baseline_name(args), stage_ar_continued, work, data, ar_base, args)
     if args.install:
         if args.branch != "both":
             raise SystemExit("--install needs both branches: run without --branch (finished stages are reused)")

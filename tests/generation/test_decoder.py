@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from refusion_hf.generation.refusion_decoder import (
     DecodingSettings,
-    block_diagonal_causal,
+    Stage,
     decode_batch,
+    forward_queries,
     next_token_probs,
     prefix_length,
 )
@@ -29,14 +30,11 @@ def test_next_token_probs_shifts_by_one():
     assert next_token_probs(scores, tokens).tolist() == pytest.approx([0.0, 0.75, 0.5], abs=1e-12)
 
 
-def test_block_diagonal_causal():
-    mask = block_diagonal_causal(2, 2, "cpu").int().tolist()
-    assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
-
-
-def test_cache_holds_exactly_the_committed_tokens(model64):
-    """Before every forward, the cache has one entry per prompt token and per committed token (no copies, no
-    mask or draft entries left behind)."""
+def test_cache_holds_exactly_the_committed_and_pending_tokens(model64):
+    """Before every forward, the cache's committed entries are one per prompt token and per committed token, its
+    pending entries are the verified prefixes of the slots in infill (tagged slot * k + index), and nothing else is
+    attended to (no copies, no mask or draft entries left behind); an infill round feeds only what its slots do not
+    hold yet."""
     prompt = torch.tensor([32, 24, 53, 31, 52, 63, 5, 38])
     settings = DecodingSettings(
         max_new_tokens=32,
@@ -47,22 +45,30 @@ def test_cache_holds_exactly_the_committed_tokens(model64):
         mask_token_id=3,
         eos_token_ids=(1,),
     )
-    committed_after_step = [0]
-    cache_lengths = []
-
-    def before_forward(module, args, kwargs):
-        cache = kwargs["cache"]
-        cache_lengths.append(cache.get_seq_length() if cache.layers[0].is_initialized else 0)
-        assert kwargs["input_ids"].shape[0] == 1, "one row: slots are packed, never copied per slot"
+    sequences_seen = []
+    checked = {"forwards": 0, "infill": 0, "partial": 0}
 
     def on_step(sequences):
-        committed_after_step.append(sum(sequences[0].written))
+        sequences_seen[:] = sequences
 
-    hook = model64.register_forward_pre_hook(before_forward, with_kwargs=True)
-    try:
-        result = decode_batch(model64, [prompt], settings, pad_token_id=0, on_step=on_step)
-    finally:
-        hook.remove()
-    assert result.num_forward_passes == len(cache_lengths) > 5
-    assert cache_lengths[0] == 0
-    assert cache_lengths[1:] == [8 + c for c in committed_after_step[1:-1]]
+    def forward(model, kv, queries, pad_token_id):
+        assert len(queries) == 1, "one row: slots are packed, never copied per slot"
+        checked["forwards"] += 1
+        if sequences_seen:
+            sequence = sequences_seen[0]
+            assert int(kv.valid.sum()) == 8 + sum(sequence.written)
+            tags = [] if kv.tags is None else sorted(kv.tags[kv.tags >= 0].tolist())
+            if sequence.stage in (Stage.INFILL_DRAFT, Stage.INFILL_VERIFY):
+                chosen = sequence.chosen
+                assert tags == [i * 4 + j for i, count in enumerate(chosen.pending) for j in range(count)]
+                fed = sum(4 - cached for cached in chosen.cached)
+                assert fed <= queries[0].tokens.shape[0]  # the next plan's masks may ride along
+                checked["infill"] += 1
+                checked["partial"] += fed < 4 * len(chosen.slots)
+            else:
+                assert tags == []
+        return forward_queries(model, kv, queries, pad_token_id)
+
+    result = decode_batch(model64, [prompt], settings, pad_token_id=0, on_step=on_step, forward=forward)
+    assert result.num_forward_passes == checked["forwards"] > 5
+    assert checked["partial"] > 0, "the case must go through infill rounds that feed less than whole slots"

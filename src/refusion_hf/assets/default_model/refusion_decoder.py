@@ -7,8 +7,13 @@ Each sequence is a `SequenceDecoder`: an explicit state machine over the stages
     VERIFY          one forward of the chosen drafts, concatenated in position order; accept the longest
                     confident prefix; commit whole slots (or up to an EOS), else go to infill.
     INFILL_DRAFT    each unfinished chosen slot re-drafts its unverified tail (masks, own logits).
-    INFILL_VERIFY   each chosen slot verifies its tokens autoregressively; when every slot is complete,
-                    the slots are committed together with the KV each computed alone (full KV reuse).
+    INFILL_VERIFY   each unfinished chosen slot verifies its drafts autoregressively; when every slot is
+                    complete, the slots are committed together with the KV each computed alone (full KV reuse).
+
+During infill a slot's verified tokens are fed once: their KV stays in the cache as *pending* entries that only
+that slot's later query tokens see, and each round feeds only the slot's unverified rest (masks when drafting,
+drafts when verifying). When every chosen slot is complete, the pending entries become committed ones; slots
+discarded after an EOS take their pending entries with them.
 
 Planning ahead (`DecodingSettings.plan_ahead`): a VERIFY or INFILL_VERIFY query also carries the next PLAN's
 mask tokens, seeing every token of the current query. When the current stage then commits exactly those tokens
@@ -23,10 +28,11 @@ next `Query` (tokens, original positions, which query tokens see which), runs ON
 them on top of one shared KV cache, and hands each sequence its logits. Each sequence examines them on the device
 (`examine`: drafts, confidences, accepted prefixes, as one small tensor of decision values), every row's values
 are read to the host in ONE transfer, and each sequence decides (`decide`). A sequence answers with the query
-tokens it commits; their KV entries are kept, everything else the forward appended is dropped. So the cache
-always holds exactly the committed tokens (prompt first, then commit order), rows are ragged (a validity
-mask says which entries each row may attend to), and chosen slots that must not see each other are packed
-in one row under a block-diagonal mask instead of copying the prefix cache per slot.
+tokens it commits (and, during infill, the tokens it keeps pending); their KV entries are kept, everything else
+the forward appended is dropped. So the cache holds exactly the committed tokens (prompt first, then commit
+order) plus the pending infill prefixes, rows are ragged (a validity mask says which entries each row may attend
+to), and chosen slots that must not see each other are packed in one row under a block-diagonal mask instead of
+copying the prefix cache per slot.
 
 Sequences that finish leave the batch (their cache rows are dropped), so they cost nothing afterwards; with
 continuous batching (`max_rows`) waiting prompts take their places at once.
@@ -49,6 +55,7 @@ from transformers import DynamicCache, StoppingCriteriaList
 from .draft_policy import DraftPolicy
 
 JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
+ALL_PENDING = (0, 2**62)  # `Query.pending_view` of a token that sees every pending entry of its row
 
 
 class Stage(enum.Enum):
@@ -85,26 +92,47 @@ class Query:
 
     The first `num_context` tokens need no logits (the prompt, on the first forward); logits are returned for the
     remaining ones. `visible[i, j]` says whether query token i may attend to query token j; every query token
-    also sees all of the sequence's cached (committed) tokens.
+    also sees all of the sequence's committed cache entries, and the pending infill entries whose tags lie in
+    `[pending_view[i, 0], pending_view[i, 1])` (a pending entry's tag is chosen slot * k + index in the slot, so
+    a slot's range is its own entries; None: no token sees any).
     """
 
     tokens: torch.LongTensor  # [q]
     positions: torch.LongTensor  # [q] original positions
     visible: torch.BoolTensor  # [q, q]
     num_context: int = 0
+    pending_view: torch.LongTensor | None = None  # [q, 2]
 
     @property
     def num_scored(self) -> int:
         return self.tokens.shape[0] - self.num_context
 
 
+@dataclass(frozen=True)
+class Kept:
+    """What a sequence keeps of its last forward's query in the cache (`SequenceDecoder.decide`).
+
+    `committed` leading query tokens become committed entries (every stage commits a prefix of its query: the
+    prompt, the verified slots in position order, the completed infill slots in position order). `pending` runs
+    `(query offset, length, first tag)` are kept as pending entries tagged `first tag`, `first tag + 1`, ...
+    (infill prefixes; tag = chosen slot * k + index in the slot). Then the row's pending entries tagged
+    `keep_below` or more are discarded (None: none is; `discarded` counts them) and, with `promote`, the rest
+    become committed (the infill is complete)."""
+
+    committed: int
+    pending: tuple[tuple[int, int, int], ...] = ()
+    keep_below: int | None = None
+    promote: bool = False
+    discarded: int = 0
+
+    @property
+    def extent(self) -> int:
+        """Query tokens up to the last kept one."""
+        return max([self.committed] + [offset + length for offset, length, _ in self.pending])
+
+
 def causal(length: int, device) -> torch.BoolTensor:
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
-
-
-def block_diagonal_causal(num_slots: int, slot_size: int, device) -> torch.BoolTensor:
-    """[n*k, n*k]: causal inside each slot, nothing across slots."""
-    return torch.block_diag(*[causal(slot_size, device)] * num_slots)
 
 
 def next_token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
@@ -136,11 +164,29 @@ class ChosenSlots:
     draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
     confident: list[bool]  # per slot: every draft still to be verified was drafted above the token threshold
     verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
+    # Infill: per slot, how many of its leading tokens need not be fed again (their KV, computed with the slot
+    # alone, is pending in the cache; after an EOS that ends the slot, k: nothing more to feed).
+    cached: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # per slot, its pending cache entries
 
     def keep_first(self, n: int) -> None:
         """Drop every chosen slot after the first `n`."""
         self.slots, self.tokens, self.draft_probs = self.slots[:n], self.tokens[:n], self.draft_probs[:n]
         self.verified, self.confident = self.verified[:n], self.confident[:n]
+        self.cached, self.pending = self.cached[:n], self.pending[:n]
+
+
+@dataclass(frozen=True)
+class InfillFeed:
+    """Which tokens of the chosen slots an infill query feeds, in query order (slot after slot; each slot from its
+    first token not yet fed, to its end). Host lists and their device copies."""
+
+    segments: list[tuple[int, int, int]]  # (query offset, length, chosen slot) per fed slot
+    slot_index: torch.LongTensor  # [q] chosen slot of each query token
+    offset_index: torch.LongTensor  # [q] its index inside the slot
+    positions: torch.LongTensor  # [q] original positions
+    scored: torch.LongTensor  # [s] query tokens whose logits the stage reads (drafting: the masks; verifying:
+    # every token followed by another of its slot)
 
 
 @dataclass(frozen=True)
@@ -193,6 +239,7 @@ class SequenceDecoder:
         self.plan_drafts: torch.LongTensor | None = None  # [len(pool), k], for draft streaming
         self.chosen: ChosenSlots | None = None
         self.lookahead: Lookahead | None = None  # set by `query` when the next plan rides along
+        self._feed: InfillFeed | None = None  # set by `query` in the infill stages
         self._examined: Examined | None = None  # between `examine` and `decide`
 
     # ----------------------------------------------------------------------------------------- helpers
@@ -268,27 +315,45 @@ class SequenceDecoder:
             tokens = self.chosen.tokens.flatten()
             positions = self._slot_positions(self.chosen.slots)
         else:
-            chosen = self.chosen
-            rows = range(len(chosen.slots))
-            if self.stage is Stage.INFILL_DRAFT:
-                # Unfinished slots only, unverified tails masked; each slot sees only itself.
-                rows = [i for i in rows if chosen.verified[i] < k]
-            slot_tokens = chosen.tokens[list(rows)].clone()
-            if self.stage is Stage.INFILL_DRAFT:
-                for row, i in enumerate(rows):
-                    slot_tokens[row, chosen.verified[i] :] = self.settings.mask_token_id
-            tokens = slot_tokens.flatten()
-            positions = self._slot_positions([chosen.slots[i] for i in rows])
-            visible = block_diagonal_causal(len(rows), k, self.device)
-            if self.stage is Stage.INFILL_VERIFY:
-                return self._with_lookahead(Query(tokens, positions, visible))
-            return Query(tokens, positions, visible)
+            query = self._infill_query()
+            return self._with_lookahead(query) if self.stage is Stage.INFILL_VERIFY else query
         context = self.context
         if context is not None:
             tokens = torch.cat([context, tokens])
             positions = torch.cat([torch.arange(context.shape[0], device=self.device), positions])
         query = Query(tokens, positions, causal(tokens.shape[0], self.device), num_context=self._num_context())
         return self._with_lookahead(query) if self.stage is Stage.VERIFY else query
+
+    def _infill_query(self) -> Query:
+        """Each chosen slot feeds what the cache does not hold of it, from its first token not fed yet to its end:
+        drafting masks its unverified tail, verifying feeds the drafts. A slot sees its own pending entries and,
+        causally, its own query tokens; nothing of the other chosen slots."""
+        k, chosen = self.settings.slot_size, self.chosen
+        drafting = self.stage is Stage.INFILL_DRAFT
+        segments, slots, offsets, starts, scored = [], [], [], [], []
+        for i, start in enumerate(chosen.cached):
+            if start == k:
+                continue
+            first = len(slots)
+            segments.append((first, k - start, i))
+            slots += [i] * (k - start)
+            offsets += range(start, k)
+            starts += [self.prompt_length + chosen.slots[i] * k] * (k - start)
+            verified = chosen.verified[i]
+            scored += range(first + verified - start, first + k - start) if drafting else range(first, len(slots) - 1)
+        q = len(slots)
+        # one host-to-device copy for the query's layout: [3, q] and the scored tokens
+        layout = torch.tensor(slots + offsets + starts + scored, dtype=torch.long, device=self.device)
+        slot_index, offset_index = layout[:q], layout[q : 2 * q]
+        positions = layout[2 * q : 3 * q] + offset_index
+        scored_index = layout[3 * q :]
+        tokens = chosen.tokens[slot_index, offset_index]
+        if drafting:
+            tokens = tokens.index_fill(0, scored_index, self.settings.mask_token_id)
+        visible = (slot_index[:, None] == slot_index[None, :]) & causal(q, self.device)  # block-diagonal causal
+        view = torch.stack([slot_index * k, (slot_index + 1) * k], dim=1)  # [q, 2]: the slot's own tags
+        self._feed = InfillFeed(segments, slot_index, offset_index, positions, scored_index)
+        return Query(tokens, positions, visible, pending_view=view)
 
     def _next_block_slots(self) -> list[int]:
         """The slots of the block after the current one; none when decoding ends with the current block."""
@@ -323,11 +388,15 @@ class SequenceDecoder:
         visible[q:, :q] = True
         visible[q:, q:] = causal(m, self.device)
         self.lookahead = Lookahead(slots, after=q)
+        view = query.pending_view
+        if view is not None:  # the masks see every pending entry (all of them are committed if the plan holds)
+            view = torch.cat([view, torch.tensor([ALL_PENDING], device=self.device).expand(m, 2)])
         return Query(
             torch.cat([query.tokens, masks]),
             torch.cat([query.positions, self._slot_positions(slots)]),
             visible,
             num_context=query.num_context,
+            pending_view=view,
         )
 
     def _num_context(self) -> int:
@@ -356,16 +425,15 @@ class SequenceDecoder:
         self._examined = Examined(read.shape[0], payload, lookahead, ahead_logits, ahead)
         return read if ahead is None else torch.cat([read, ahead[0]])
 
-    def decide(self, values: list[int]) -> int:
-        """Host half: apply the values `examine` returned (read on the host); return how many leading query
-        tokens keep their KV in the cache (every stage commits a prefix of its query: the prompt, the verified
-        slots in position order, the completed infill slots in position order)."""
+    def decide(self, values: list[int]) -> Kept:
+        """Host half: apply the values `examine` returned (read on the host); return what of the query keeps its
+        KV in the cache."""
         examined, self._examined = self._examined, None
-        keep = getattr(self, f"_decide_{self.stage.value}")(examined.payload, values[: examined.size])
-        # Verification stages commit a prefix of their query (`keep` tokens). The plan that rode along holds when
-        # that prefix is the whole query and the pool is the one it assumed.
+        kept = getattr(self, f"_decide_{self.stage.value}")(examined.payload, values[: examined.size])
+        # Verification stages commit a prefix of their query. The plan that rode along holds when that prefix is
+        # the whole query and the pool is the one it assumed.
         lookahead = examined.lookahead
-        holds = lookahead is not None and keep == lookahead.after and self.pool == lookahead.slots
+        holds = lookahead is not None and kept.committed == lookahead.after and self.pool == lookahead.slots
         if holds and self.stage is Stage.PLAN:
             if examined.ahead is None:  # sampled: drawn now that it holds
                 read, payload = self._examine_plan(examined.ahead_logits)
@@ -373,9 +441,9 @@ class SequenceDecoder:
             else:
                 (_, payload), ahead_values = examined.ahead, values[examined.size :]
             self._decide_plan(payload, ahead_values)  # no context here: it keeps nothing
-        return keep
+        return kept
 
-    def advance(self, logits: torch.Tensor) -> int:
+    def advance(self, logits: torch.Tensor) -> Kept:
         """`examine` and `decide` for this sequence alone (one host read)."""
         return self.decide(self.examine(logits).tolist())
 
@@ -392,7 +460,7 @@ class SequenceDecoder:
         read = torch.cat([(first > settings.slot_threshold).long(), confident.long(), first.argmax().view(1)])
         return read, (drafts, draft_probs, first)
 
-    def _decide_plan(self, payload, values: list[int]) -> int:
+    def _decide_plan(self, payload, values: list[int]) -> Kept:
         drafts, draft_probs, first = payload
         k = self.settings.slot_size
         num_context = self._num_context()
@@ -410,7 +478,7 @@ class SequenceDecoder:
         )
         self.trace_chosen.append([slot * k for slot in self.chosen.slots])
         self.stage = Stage.VERIFY
-        return num_context
+        return Kept(num_context)
 
     def _examine_verify(self, logits: torch.Tensor):
         k, chosen = self.settings.slot_size, self.chosen
@@ -427,7 +495,7 @@ class SequenceDecoder:
         # The global prefix, its first EOS (n*k: none), and each slot's own accepted prefix.
         return torch.cat([prefix.view(1), eos_in_prefix.view(1), prefix_length(accepted)]), flat
 
-    def _decide_verify(self, flat: torch.LongTensor, values: list[int]) -> int:
+    def _decide_verify(self, flat: torch.LongTensor, values: list[int]) -> Kept:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
         global_prefix, first_eos, *own_prefixes = values
@@ -437,51 +505,60 @@ class SequenceDecoder:
             eos_row = first_eos // k
             self._commit(chosen.slots[: eos_row + 1], flat[:end], eos_at=first_eos)
             self._drop_after(chosen.slots[eos_row])
-            return self._finish_iteration(end)
+            return self._finish_iteration(Kept(end))
         whole = global_prefix // k
         if whole > 0:
             # Whole slots verified together: keep their KV from this forward (they saw each other in order).
             self._commit(chosen.slots[:whole], flat[: whole * k])
-            return self._finish_iteration(whole * k)
-        # Not even the first slot: complete every chosen slot on its own, from its own verified prefix.
+            return self._finish_iteration(Kept(whole * k))
+        # Not even the first slot: complete every chosen slot on its own, from its own verified prefix (its KV is
+        # recomputed with the slot alone: here the slots saw each other).
         chosen.verified = own_prefixes
+        chosen.cached, chosen.pending = [0] * n, [0] * n
         in_infill = set(chosen.slots)
         self.pool = [slot for slot in self.pool if slot not in in_infill]
         self.stage = Stage.INFILL_DRAFT
-        return 0  # nothing of this query is committed
+        return Kept(0)  # nothing of this query is kept
 
     def _examine_infill_draft(self, logits: torch.Tensor):
-        k, chosen = self.settings.slot_size, self.chosen
-        unfinished = [i for i in range(len(chosen.slots)) if chosen.verified[i] < k]
-        # [unfinished*k]: each masked position predicts itself
-        scores = self._scores(logits, lambda: self._slot_positions([chosen.slots[i] for i in unfinished]))
-        proposals = self.policy.draw(scores)
-        # [unfinished, k]; only planning ahead reads the draft probabilities
-        probs = self.policy.token_probs(scores, proposals).view(-1, k) if self.settings.plan_ahead else None
-        rows = torch.tensor(unfinished, dtype=torch.long, device=self.device)
-        arange = torch.arange(k, device=self.device)
-        redrafted = (
-            arange[None, :] >= torch.tensor([chosen.verified[i] for i in unfinished], device=self.device)[:, None]
-        )
-        chosen.tokens[rows] = torch.where(redrafted, proposals.view(-1, k), chosen.tokens[rows])
-        if probs is None:
+        k, chosen, feed = self.settings.slot_size, self.chosen, self._feed
+        rows = feed.scored  # [m] the masks, each predicting itself
+        scores = self._scores(logits[rows], lambda: feed.positions[rows])
+        proposals = self.policy.draw(scores)  # [m]
+        slot_index, offset_index = feed.slot_index[rows], feed.offset_index[rows]
+        chosen.tokens[slot_index, offset_index] = proposals
+        if not self.settings.plan_ahead:  # only planning ahead reads the draft probabilities
             return torch.zeros(0, dtype=torch.long, device=self.device), None
-        chosen.draft_probs[rows] = torch.where(redrafted, probs, chosen.draft_probs[rows])
+        chosen.draft_probs[slot_index, offset_index] = self.policy.token_probs(scores, proposals)
         # Per chosen slot: is every draft after its always-accepted token above the threshold?
+        arange = torch.arange(k, device=self.device)
         pending = arange[None, :] > torch.tensor(chosen.verified, device=self.device)[:, None]
         return ((chosen.draft_probs > self.settings.token_threshold) | ~pending).all(-1).long(), None
 
-    def _decide_infill_draft(self, _payload, values: list[int]) -> int:
+    def _decide_infill_draft(self, _payload, values: list[int]) -> Kept:
+        k, chosen = self.settings.slot_size, self.chosen
         if self.settings.plan_ahead:
             self.chosen.confident = [bool(value) for value in values]
+        # The verified tokens this query fed (before each slot's masks) stay in the cache, pending for their slot.
+        runs = []
+        for offset, _, i in self._feed.segments:
+            fed = chosen.verified[i] - chosen.cached[i]
+            if fed:
+                runs.append((offset, fed, i * k + chosen.cached[i]))
+            chosen.pending[i] += fed
+            chosen.cached[i] = chosen.verified[i]
         self.stage = Stage.INFILL_VERIFY
-        return 0  # nothing of this query is committed
+        return Kept(0, tuple(runs))
 
     def _examine_infill_verify(self, logits: torch.Tensor):
-        k, chosen = self.settings.slot_size, self.chosen
+        k, chosen, feed = self.settings.slot_size, self.chosen, self._feed
         n = len(chosen.slots)
-        scores = self._scores(logits, lambda: self._slot_positions(chosen.slots) + 1)  # row j scores j + 1
-        confidence = next_token_probs(scores.view(n, k, -1), chosen.tokens)  # [n, k]
+        rows = feed.scored  # [s] fed tokens followed by another of their slot; row j scores the token after it
+        slot_index, offset_index = feed.slot_index[rows], feed.offset_index[rows]
+        scores = self._scores(logits[rows], lambda: feed.positions[rows] + 1)
+        probs = DraftPolicy.token_probs(scores, chosen.tokens[slot_index, offset_index + 1])
+        confidence = torch.zeros(n, k, dtype=probs.dtype, device=self.device)
+        confidence[slot_index, offset_index + 1] = probs  # [n, k]: each token's probability given its prefix
         already = torch.tensor(chosen.verified, device=self.device)
         # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
         arange = torch.arange(k, device=self.device)
@@ -491,26 +568,46 @@ class SequenceDecoder:
         eos_in_slot = first_true(self._is_eos(chosen.tokens) & within)  # [n]; k: no EOS in the verified prefix
         return torch.cat([verified, eos_in_slot]), None  # each slot's verified prefix and where an EOS lies in it
 
-    def _decide_infill_verify(self, _payload, values: list[int]) -> int:
+    def _decide_infill_verify(self, _payload, values: list[int]) -> Kept:
         k, chosen = self.settings.slot_size, self.chosen
         n = len(chosen.slots)
-        chosen.verified, eos_in_slot = values[:n], values[n:]
+        verified, eos_in_slot = values[:n], values[n:]
         ending = next((i for i in range(n) if eos_in_slot[i] < k), None)
+        # What this query fed and verified stays in the cache for its slot (an ending slot's only up to its EOS;
+        # nothing of the slots after it).
+        runs = []
+        for offset, _, i in self._feed.segments:
+            if ending is not None and i > ending:
+                break
+            end = verified[i] if i != ending else min(verified[i], eos_in_slot[i] + 1)
+            if end > chosen.cached[i]:
+                runs.append((offset, end - chosen.cached[i], i * k + chosen.cached[i]))
+                chosen.pending[i] += end - chosen.cached[i]
+                chosen.cached[i] = end
+        chosen.verified = verified
+        keep_below, discarded = None, 0
         if ending is not None:
-            # This slot ends the answer: later chosen slots and later undecoded slots are discarded.
+            # This slot ends the answer: later chosen slots and later undecoded slots are discarded, and so are
+            # the pending entries after the EOS (the slot's own, verified before the EOS was seen, included).
+            keep_below = ending * k + eos_in_slot[ending] + 1
+            own = min(chosen.pending[ending], eos_in_slot[ending] + 1)
+            discarded = sum(chosen.pending[ending + 1 :]) + chosen.pending[ending] - own
+            chosen.pending[ending] = own
             chosen.keep_first(ending + 1)
-            chosen.verified[ending] = k
+            chosen.verified[ending] = chosen.cached[ending] = k  # complete: nothing more to feed
             self._drop_after(chosen.slots[ending])
         if min(chosen.verified) < k:
             self.stage = Stage.INFILL_DRAFT
-            return 0  # nothing of this query is committed
-        # Every slot complete: append them in position order with the KV each computed on its own. Only the last
-        # one can hold an EOS (an earlier one would have ended the answer), found in this round's read.
+            return Kept(0, tuple(runs), keep_below, discarded=discarded)
+        # Every slot complete: append them in position order with the KV each computed on its own (this query's
+        # kept tokens, a prefix of it, and the pending entries). Only the last one can hold an EOS (an earlier one
+        # would have ended the answer), found in this round's read.
         flat = chosen.tokens.flatten()
         eos_at = None if ending is None else ending * k + eos_in_slot[ending]
         end = flat.shape[0] if eos_at is None else eos_at + 1
         self._commit(chosen.slots, flat[:end], eos_at=eos_at)
-        return self._finish_iteration(end)
+        committed = sum(length for _, length, _ in runs)
+        return self._finish_iteration(Kept(committed, (), keep_below, promote=True, discarded=discarded))
 
     # ------------------------------------------------------------------------------------------ commit
     def _commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
@@ -534,7 +631,7 @@ class SequenceDecoder:
         self.pool = [slot for slot in self.pool if slot < eos_slot]
         self.ends_after_block = True
 
-    def _finish_iteration(self, keep: int) -> int:
+    def _finish_iteration(self, kept: Kept) -> Kept:
         self.chosen = None
         self.plan_drafts = None
         self.stage = Stage.PLAN
@@ -546,7 +643,7 @@ class SequenceDecoder:
             self.block += 1
             if not self.pool:
                 self.stage = Stage.DONE
-        return keep
+        return kept
 
 
 class PrefixStopping:
@@ -596,47 +693,79 @@ class RaggedKVCache:
     """A `DynamicCache` shared by the batch, plus which entries each row may attend to.
 
     Rows commit different numbers of tokens per forward: each forward's new segment is cut after the last entry any
-    row keeps, and the validity mask covers the holes (left padding, and what shorter rows did not keep). When holes
-    make up most of the cache (rows that joined or kept little), `compact_if_sparse` moves each row's entries to the
-    front.
+    row keeps, and the validity mask covers the holes (left padding, and what shorter rows did not keep). Infill
+    prefixes are kept as *pending* entries with a tag (chosen slot * k + index in the slot) that only query tokens
+    whose `pending_view` covers it attend to, until they are committed or discarded. When holes make up most of the
+    cache (rows that joined or kept little), `compact_if_sparse` moves each row's entries to the front.
     """
 
     COMPACT_SLACK = 32  # compact when the cache is more than twice as wide as its fullest row, and this much wider
 
     def __init__(self, config, batch_size: int, device):
         self.cache = DynamicCache(config=config)
-        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T]
-        self.lengths = [0] * batch_size  # host copy of valid.sum(1): the entries each row may attend to
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
+        self.tags: torch.LongTensor | None = None  # [B, T] pending entries' tags, -1 elsewhere; None: none pending
+        self.lengths = [0] * batch_size  # host: entries each row holds (committed and pending)
+        self.pending = [0] * batch_size  # host: pending entries per row
 
-    def attention_mask(self, visible: torch.BoolTensor, dtype) -> torch.Tensor:
-        """visible: [B, Q, Q] -> additive float mask [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
+    def attention_mask(self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None) -> torch.Tensor:
+        """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)) -> additive float
+        mask [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
         batch_size, q = visible.shape[:2]
-        allowed = torch.cat([self.valid[:, None, :].expand(batch_size, q, -1), visible], dim=-1)
+        cached = self.valid[:, None, :].expand(batch_size, q, -1)
+        if self.tags is not None and views is not None:
+            tags = self.tags[:, None, :]  # [B, 1, T]
+            cached = cached | ((tags >= views[..., :1]) & (tags < views[..., 1:]))
+        allowed = torch.cat([cached, visible], dim=-1)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
-    def keep_new_entries(self, spans: list[tuple[int, int]]) -> None:
-        """After a forward appended W entries per row: row b keeps the `count` entries from `start` of that new
-        segment (`spans[b] = (start, count)`: every stage commits a prefix of its query, which sits after its
-        row's left padding). The segment is cut after the last kept entry (`DynamicCache.crop`); entries before a
-        row's start or after its count are holes, masked by `valid`. No K/V is copied."""
+    def keep_new_entries(self, spans: list[tuple[int, Kept]]) -> None:
+        """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query,
+        which starts at `start` of that new segment (after the row's left padding). The segment is cut after the last
+        kept entry (`DynamicCache.crop`); entries not kept are holes, masked by `valid`. No K/V is copied."""
         old = self.valid.shape[1]
         device = self.valid.device
         starts = torch.tensor([start for start, _ in spans], dtype=torch.long, device=device)  # [B]
-        stops = starts + torch.tensor([count for _, count in spans], dtype=torch.long, device=device)
-        width = max((start + count for start, count in spans), default=0)
+        stops = starts + torch.tensor([kept.committed for _, kept in spans], dtype=torch.long, device=device)
+        width = max((start + kept.extent for start, kept in spans), default=0)
         cut = self.cache.get_seq_length() - (old + width)
         if cut > 0:
             self.cache.crop(-cut)  # DynamicCache's crop takes the number of entries to remove, negated
         index = torch.arange(width, device=device)[None, :]  # [1, width]
         self.valid = torch.cat([self.valid, (index >= starts[:, None]) & (index < stops[:, None])], dim=1)
-        self.lengths = [length + count for length, (_, count) in zip(self.lengths, spans)]
+        for row, (_, kept) in enumerate(spans):
+            added = sum(length for _, length, _ in kept.pending)
+            self.lengths[row] += kept.committed + added - kept.discarded
+            self.pending[row] = 0 if kept.promote else self.pending[row] + added - kept.discarded
+        if any(kept.pending for _, kept in spans) or self.tags is not None:
+            self._update_pending(spans, old, width)
+
+    def _update_pending(self, spans: list[tuple[int, Kept]], old: int, width: int) -> None:
+        """Tag this forward's pending entries, then discard and promote (one batched op each)."""
+        device = self.valid.device
+        new = [[-1] * width for _ in spans]  # [B, width] host-built: one copy
+        for row, (start, kept) in enumerate(spans):
+            for offset, length, tag in kept.pending:
+                new[row][start + offset : start + offset + length] = range(tag, tag + length)
+        earlier = self.tags if self.tags is not None else torch.full((len(spans), old), -1, device=device)
+        self.tags = torch.cat([earlier, torch.tensor(new, dtype=torch.long, device=device)], dim=1)
+        if any(kept.keep_below is not None or kept.promote for _, kept in spans):
+            below = [2**62 if kept.keep_below is None else kept.keep_below for _, kept in spans]
+            settle = torch.tensor([below, [kept.promote for _, kept in spans]], dtype=torch.long, device=device)
+            alive = (self.tags >= 0) & (self.tags < settle[0][:, None])  # [B, T]
+            promote = settle[1][:, None].bool()
+            self.valid |= alive & promote
+            self.tags = torch.where(alive & ~promote, self.tags, -1)
+        if not any(self.pending):
+            self.tags = None
 
     def extend(self, other: RaggedKVCache) -> None:
         """Append `other`'s rows (requests that joined, prefilled in a cache of their own) after this cache's rows;
         the narrower of the two is padded with holes."""
         if not self.lengths:  # no rows left: the joining rows' cache is the cache
-            self.cache, self.valid, self.lengths = other.cache, other.valid, list(other.lengths)
+            self.cache, self.valid, self.tags = other.cache, other.valid, other.tags
+            self.lengths, self.pending = list(other.lengths), list(other.pending)
             return
         width = max(self.valid.shape[1], other.valid.shape[1])
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
@@ -644,29 +773,45 @@ class RaggedKVCache:
                 merged = [_pad_entries(getattr(layer, name), width) for layer in (mine, theirs)]
                 setattr(mine, name, torch.cat(merged, dim=0))
         pad = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
+        if self.tags is not None or other.tags is not None:
+            tags = [
+                torch.nn.functional.pad(c.tags_or_none(), (0, width - c.valid.shape[1]), value=-1)
+                for c in (self, other)
+            ]
+            self.tags = torch.cat(tags, dim=0)
         self.valid = torch.cat(pad, dim=0)
         self.lengths = self.lengths + other.lengths
+        self.pending = self.pending + other.pending
+
+    def tags_or_none(self) -> torch.LongTensor:
+        """The pending tags, -1 everywhere when nothing is pending."""
+        return self.tags if self.tags is not None else torch.full(self.valid.shape, -1, device=self.valid.device)
 
     def select_rows(self, rows: list[int]) -> None:
         self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.valid.device))
         self.valid = self.valid[rows]
         self.lengths = [self.lengths[row] for row in rows]
+        self.pending = [self.pending[row] for row in rows]
+        self.tags = self.tags[rows] if self.tags is not None and any(self.pending) else None
         self.compact_if_sparse()
 
     def compact_if_sparse(self) -> None:
-        """Move every row's entries to the front, in order, when holes make up most of the cache."""
+        """Move every row's entries (committed and pending) to the front, in order, when holes make up most of the
+        cache."""
         width, fullest = self.valid.shape[1], max(self.lengths, default=0)
         if width <= 2 * fullest or width - fullest < self.COMPACT_SLACK:
             return
-        # Stable sort: each row's valid entries first, in cache order; [B, fullest]
-        order = torch.sort((~self.valid).to(torch.uint8), dim=1, stable=True).indices[:, :fullest]
+        held = self.valid if self.tags is None else self.valid | (self.tags >= 0)
+        # Stable sort: each row's entries first, in cache order; [B, fullest]
+        order = torch.sort((~held).to(torch.uint8), dim=1, stable=True).indices[:, :fullest]
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)  # [B, H, T, D]
                 index = order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
                 setattr(layer, name, tensor.gather(2, index))
-        lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.valid.device)
-        self.valid = torch.arange(fullest, device=self.valid.device)[None, :] < lengths[:, None]
+        self.valid = self.valid.gather(1, order)
+        if self.tags is not None:
+            self.tags = self.tags.gather(1, order)
 
 
 def _pad_entries(tensor: torch.Tensor, width: int) -> torch.Tensor:
@@ -696,10 +841,17 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
         visible[row, span, span] = query.visible
     # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
     visible |= torch.eye(width, dtype=torch.bool, device=device)[None] & ~visible.any(-1, keepdim=True)
+    views = None  # [B, width, 2]: which pending infill entries each query token sees (default: none)
+    if any(query.pending_view is not None for query in queries):
+        views = torch.zeros(batch_size, width, 2, dtype=torch.long, device=device)
+        for row, query in enumerate(queries):
+            if query.pending_view is not None:
+                start = context_width - query.num_context
+                views[row, start : start + query.tokens.shape[0]] = query.pending_view
     output = model(
         input_ids=input_ids,
         position_ids=positions,
-        attention_mask=kv.attention_mask(visible, model.dtype),
+        attention_mask=kv.attention_mask(visible, model.dtype, views),
         cache=kv.cache,
         use_cache=True,
         logits_to_keep=scored_width,
@@ -758,7 +910,7 @@ def decode_batch(
         for row, query, read in zip(rows, queries, reads):
             kept = sequences[row].decide(values[offset : offset + read.shape[0]])
             offset += read.shape[0]
-            # The kept query prefix starts after the row's left padding in this forward's new cache segment.
+            # The row's query starts after its left padding in this forward's new cache segment.
             spans.append((context_width - query.num_context, kept))
         cache.keep_new_entries(spans)
 
