@@ -9,8 +9,8 @@ its tokens/s on every seed; ReFusion at least as accurate as the previous embedd
     .venv/bin/python benchmarks/heldout_comparison.py --model src/refusion_hf/assets/default_model \\
         --baseline-model benchmarks/models/ar_baseline --seeds 3,5,11,21,44,2026,31337
     # tuning seeds only (decoding defaults, variants), with decoding flags for refusion eval after --
-    .venv/bin/python benchmarks/heldout_comparison.py --model out/default_model/refusion_k4-8_ar0 \\
-        --baseline-model out/default_model/ar_continued --seeds 7,100 --out /tmp/tuning.json -- --slot-size 4
+    .venv/bin/python benchmarks/heldout_comparison.py --model out/default_model/refusion_k4-8_ar0_steps2000 \\
+        --baseline-model out/default_model/ar_continued_steps2000 --seeds 7,100 --out /tmp/tuning.json -- --slot-size 4
 """
 
 from __future__ import annotations
