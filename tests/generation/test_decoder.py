@@ -1,5 +1,7 @@
 """The decoder's building blocks and its cache invariant."""
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given
@@ -7,12 +9,14 @@ from hypothesis import strategies as st
 
 from refusion_hf.generation.refusion_decoder import (
     DecodingSettings,
+    SequenceDecoder,
     Stage,
     decode_batch,
     forward_queries,
     next_token_probs,
     prefix_length,
 )
+from tests.oracle import EOS, MASK, load_cases
 
 
 @given(st.lists(st.booleans(), min_size=0, max_size=12))
@@ -34,41 +38,56 @@ def test_cache_holds_exactly_the_committed_and_pending_tokens(model64):
     """Before every forward, the cache's committed entries are one per prompt token and per committed token, its
     pending entries are the verified prefixes of the slots in infill (tagged slot * k + index), and nothing else is
     attended to (no copies, no mask or draft entries left behind); an infill round feeds only what its slots do not
-    hold yet."""
-    prompt = torch.tensor([32, 24, 53, 31, 52, 63, 5, 38])
-    settings = DecodingSettings(
-        max_new_tokens=32,
-        slot_size=4,
-        block_size=16,
-        slot_threshold=0.6,
-        token_threshold=0.6,
-        mask_token_id=3,
-        eos_token_ids=(1,),
-    )
+    hold yet. Checked over oracle cases until both an infill round that feeds less than whole slots and an EOS that
+    discards pending entries have been seen."""
     sequences_seen = []
-    checked = {"forwards": 0, "infill": 0, "partial": 0}
+    seen = {"forwards": 0, "partial": 0, "discarded": 0}
 
     def on_step(sequences):
         sequences_seen[:] = sequences
 
     def forward(model, kv, queries, pad_token_id):
         assert len(queries) == 1, "one row: slots are packed, never copied per slot"
-        checked["forwards"] += 1
+        seen["forwards"] += 1
         if sequences_seen:
             sequence = sequences_seen[0]
-            assert int(kv.valid.sum()) == 8 + sum(sequence.written)
+            k = sequence.settings.slot_size
+            assert int(kv.valid.sum()) == sequence.prompt_length + sum(sequence.written)
             tags = [] if kv.tags is None else sorted(kv.tags[kv.tags >= 0].tolist())
             if sequence.stage in (Stage.INFILL_DRAFT, Stage.INFILL_VERIFY):
                 chosen = sequence.chosen
-                assert tags == [i * 4 + j for i, count in enumerate(chosen.pending) for j in range(count)]
-                fed = sum(4 - cached for cached in chosen.cached)
+                assert tags == [i * k + j for i, count in enumerate(chosen.pending) for j in range(count)]
+                fed = sum(k - cached for cached in chosen.cached)
                 assert fed <= queries[0].tokens.shape[0]  # the next plan's masks may ride along
-                checked["infill"] += 1
-                checked["partial"] += fed < 4 * len(chosen.slots)
+                seen["partial"] += fed < k * len(chosen.slots)
             else:
                 assert tags == []
         return forward_queries(model, kv, queries, pad_token_id)
 
-    result = decode_batch(model64, [prompt], settings, pad_token_id=0, on_step=on_step, forward=forward)
-    assert result.num_forward_passes == checked["forwards"] > 5
-    assert checked["partial"] > 0, "the case must go through infill rounds that feed less than whole slots"
+    real_decide = SequenceDecoder.decide
+
+    def decide(self, values):
+        kept = real_decide(self, values)
+        seen["discarded"] += kept.discarded > 0
+        return kept
+
+    checked = 0
+    with patch.object(SequenceDecoder, "decide", decide):
+        for case in load_cases():
+            settings = DecodingSettings(
+                max_new_tokens=case["gen_length"],
+                slot_size=case["slot_size"],
+                block_size=case["block_length"],
+                slot_threshold=case["slot_threshold"],
+                token_threshold=case["token_threshold"],
+                mask_token_id=MASK,
+                eos_token_ids=(EOS,),
+            )
+            sequences_seen.clear()
+            prompt = torch.tensor(case["prompt_ids"])
+            decode_batch(model64, [prompt], settings, pad_token_id=0, on_step=on_step, forward=forward)
+            checked += 1
+            if seen["partial"] and seen["discarded"] and checked >= 20:
+                break
+    assert seen["partial"] > 0, "no infill round fed less than whole slots"
+    assert seen["discarded"] > 0, "no EOS discarded pending entries"
