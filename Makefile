@@ -32,4 +32,4 @@ demo: install
 # Rewrite the embedded model folder's remote code and custom_generate/ from the current sources (a test checks
 # that they are what save_pretrained writes).
 embedded-bundle: install
-	$(BIN)/python -c "from refusion_hf.generation.cli import default_model_path; from refusion_hf.modeling.remote_code import write_model_bundle; print(write_model_bundle(default_model_path()))"
+	$(BIN)/python -c "from refusion_hf.modeling.loading import default_model_path; from refusion_hf.modeling.remote_code import write_model_bundle; print(write_model_bundle(default_model_path()))"

@@ -19,8 +19,7 @@ from results_file import write_results
 
 from refusion_hf import RefusionForCausalLM
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
-from refusion_hf.generation.cli import load_model_and_tokenizer
-from refusion_hf.modeling.loading import default_model_path, prompt_ids
+from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer, prompt_ids
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny-qwen3-refusion"
 DTYPES = ("float64", "float32", "bfloat16")

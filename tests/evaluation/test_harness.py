@@ -14,8 +14,8 @@ from refusion_hf.evaluation.harness import EvalSettings, evaluate_decodings, mar
 from refusion_hf.evaluation.lm_eval_model import GenerateRecord
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.evaluation.tasks import load_task
-from refusion_hf.generation.cli import load_model_and_tokenizer
 from refusion_hf.generation.refusion_generate import answer_lengths
+from refusion_hf.modeling.loading import load_model_and_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
-from refusion_hf.generation.cli import load_model_and_tokenizer
-from refusion_hf.modeling.loading import default_model_path
+from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 
 UNTIL = ["\n\n", "####", "Question:"]
 MAX_GEN_TOKS = 24

@@ -77,7 +77,7 @@ def bfloat16_checkpoint(fixture_path, tmp_path):
 def test_auto_dtype_keeps_the_checkpoints_unless_the_cpu_lacks_bfloat16(bfloat16_checkpoint, monkeypatch, capsys):
     import torch
 
-    from refusion_hf.generation import cli
+    from refusion_hf.modeling import loading as cli
 
     monkeypatch.setattr(cli, "cpu_has_bfloat16_instructions", lambda: True)
     assert cli.load_model_and_tokenizer(str(bfloat16_checkpoint))[0].dtype == torch.bfloat16
@@ -91,7 +91,7 @@ def test_auto_dtype_keeps_the_checkpoints_unless_the_cpu_lacks_bfloat16(bfloat16
 
 
 def test_cpu_bfloat16_detection_reads_cpuinfo_flags(tmp_path):
-    from refusion_hf.generation.cli import cpu_has_bfloat16_instructions
+    from refusion_hf.modeling.loading import cpu_has_bfloat16_instructions
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")

@@ -89,8 +89,7 @@ def test_lm_eval_criteria_over_a_batch_end_every_row_when_all_are_done(model64, 
 def embedded():
     """The embedded model and its byte-level BPE tokenizer (stock `StopStringCriteria` needs a real vocabulary;
     the fixture's word-level one makes stock generate fail as well)."""
-    from refusion_hf.generation.cli import load_model_and_tokenizer
-    from refusion_hf.modeling.loading import default_model_path
+    from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 
     return load_model_and_tokenizer(str(default_model_path()), "float32")
 
@@ -224,8 +223,7 @@ def test_suppressed_and_bad_tokens_are_never_drafted(model64, uncut):
 
 def test_sampled_answers_never_contain_mask_pad_or_bos():
     """The embedded model at temperature 2 (where stray special tokens would show): 200 answers."""
-    from refusion_hf.generation.cli import load_model_and_tokenizer
-    from refusion_hf.modeling.loading import default_model_path
+    from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(default_model_path()), "float32")
     config = model.generation_config

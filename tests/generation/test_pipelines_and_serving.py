@@ -10,8 +10,7 @@ import torch
 from transformers import TextIteratorStreamer, pipeline
 from transformers.cli.serving.utils import DirectStreamer
 
-from refusion_hf.generation.cli import load_model_and_tokenizer
-from refusion_hf.modeling.loading import default_model_path
+from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 
 QUESTIONS = [f"Tom has {n} pens. He buys 7 more. How many pens does Tom have now?" for n in (3, 12, 25, 40)]
 

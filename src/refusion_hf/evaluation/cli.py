@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..checkpoint_identity import weights_sha256
 from ..command_inputs import CommandError, check_output_file, first_line, non_negative_float, require_extra
-from ..generation.cli import add_dtype_argument
 from ..generation.refusion_generation_config import DECODING_PRESETS
+from ..modeling.loading import add_dtype_argument
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .synthetic_tasks import FAMILIES
 from .tasks import SUITE_TASKS, task_name
@@ -268,10 +268,9 @@ def _code_execution_opt_in(allowed: bool):
 
 
 def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | None) -> int:
-    from ..generation.cli import load_model_and_tokenizer
     from ..generation.refusion_generate import merge_generation_config
     from ..generation.refusion_generation_config import REFUSION_FIELDS
-    from ..modeling.loading import default_model_path
+    from ..modeling.loading import default_model_path, load_model_and_tokenizer
     from .code_eval import execution_timeout
     from .harness import EvalSettings, evaluate_decodings, markdown_table
     from .tasks import executes_code, load_task

@@ -1,11 +1,18 @@
-"""Where models and prompts come from: the embedded default model's folder, and a prompt's token ids through the
-tokenizer's chat template (the one encoding `refusion generate`, training data and the model card share; lm-eval
-renders its own prompts). transformers does the work (`AutoTokenizer`, `apply_chat_template`)."""
+"""Where models and prompts come from: the embedded default model's folder, how the commands load a model (`--dtype`,
+one-line errors), and a prompt's token ids through the tokenizer's chat template (the one encoding `refusion
+generate`, training data and the model card share; lm-eval renders its own prompts). transformers does the work
+(`AutoTokenizer`, `from_pretrained`, `apply_chat_template`)."""
 
 from __future__ import annotations
 
+import sys
 from importlib import resources
 from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from ..command_inputs import CommandError, check_checkpoint_folder, check_tokenizer_files, first_line
 
 DEFAULT_MODEL_RESOURCE = "assets/default_model"
 
@@ -26,3 +33,57 @@ def prompt_ids(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
     if isinstance(prompt, list):
         raise ValueError("chat messages need a chat template, but the tokenizer has none")
     return list(tokenizer(prompt)["input_ids"])
+
+
+DTYPES = ("auto", "bfloat16", "float32", "float64")
+
+
+def cpu_has_bfloat16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU computes in bfloat16 natively (x86 `avx512_bf16` / `amx_bf16`, Arm `bf16`), read from
+    /proc/cpuinfo; where that cannot be read, assume it does."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return True
+    flags = set(text.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def add_dtype_argument(parser) -> None:
+    """`--dtype` of the commands that load a model with `load_model_and_tokenizer`."""
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
+        "instructions)",
+    )
+
+
+def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str = "--model"):
+    """The model (eval mode) and tokenizer. `dtype="auto"` keeps the checkpoint's own dtype (the embedded model is
+    stored in bfloat16), except that a bfloat16 checkpoint runs in float32 on a CPU without bfloat16 instructions,
+    where bfloat16 is emulated and slow (a note says so). Errors name `option`, the flag that gave the path."""
+    from safetensors import SafetensorError
+
+    from .modeling_refusion import RefusionForCausalLM
+
+    if dtype not in DTYPES:
+        raise CommandError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
+    source = str(model) if model else str(default_model_path())
+    check_checkpoint_folder(source, option)
+    check_tokenizer_files(source, option)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+    except (OSError, ValueError, SafetensorError) as error:
+        raise CommandError(f"{option} {source}: the checkpoint does not load ({first_line(error)}).") from None
+    bfloat16_on_cpu = dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu"
+    if bfloat16_on_cpu and not cpu_has_bfloat16_instructions():  # /proc/cpuinfo read only when it decides
+        print(
+            "note: the checkpoint is bfloat16 but this CPU has no bfloat16 instructions: running in float32 "
+            "(pass --dtype bfloat16 to keep bfloat16).",
+            file=sys.stderr,
+        )
+        loaded = loaded.float()
+    return loaded.eval(), tokenizer
