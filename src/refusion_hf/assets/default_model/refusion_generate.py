@@ -364,7 +364,7 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     config.update(**{k: v for k, v in REFUSION_FIELDS.items() if v is not None}, defaults_only=True)
     if config.mask_token_id is None:
         config.mask_token_id = getattr(model.config, "mask_token_id", None)
-    if config.eos_token_id is None:
+    if config.eos_token_id is None and "eos_token_id" not in kwargs:  # an explicit None means no EOS, as in stock
         config.eos_token_id = model.config.eos_token_id
     if config.pad_token_id is None:
         config.pad_token_id = getattr(model.config, "pad_token_id", None)
