@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ar-min-gain", type=float, default=0.01, help="accuracy gain that counts as progress")
     parser.add_argument("--validation-seed", type=int, default=500, help="test-split seed deciding convergence")
     parser.add_argument("--validation-problems", type=int, default=200)
-    parser.add_argument("--finetune-steps", type=int, default=2000, help="steps of each branch")
+    parser.add_argument("--finetune-steps", type=int, default=4300, help="steps of each branch")
     parser.add_argument("--finetune-learning-rate", type=float, default=1e-3)
     parser.add_argument("--slot-sizes", default="4,8", help="ReFusion branch: slot sizes drawn per example")
     parser.add_argument(
@@ -510,7 +510,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--decoding",
         default=json.dumps(
-            {"max_new_tokens": 64, "slot_size": 8, "block_size": 16, "slot_threshold": 0.6, "token_threshold": 0.3}
+            {
+                "decoding": "refusion",
+                "max_new_tokens": 64,
+                "slot_size": 8,
+                "block_size": 16,
+                "slot_threshold": 0.9,
+                "token_threshold": 0.5,
+                "plan_ahead": True,
+            }
         ),
         help="JSON of decoding defaults written into the installed model",
     )
