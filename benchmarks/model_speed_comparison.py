@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import torch
+from heldout_comparison import HELD_OUT_SEEDS
 from results_file import write_results
 
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.modeling.loading import load_model_and_tokenizer, prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)
 
 
 def main() -> None:

@@ -744,12 +744,15 @@ class RaggedKVCache:
     def _update_pending(self, spans: list[tuple[int, Kept]], old: int, width: int) -> None:
         """Tag this forward's pending entries, then discard and promote (one batched op each)."""
         device = self.valid.device
-        new = [[-1] * width for _ in spans]  # [B, width] host-built: one copy
-        for row, (start, kept) in enumerate(spans):
-            for offset, length, tag in kept.pending:
-                new[row][start + offset : start + offset + length] = range(tag, tag + length)
-        earlier = self.tags if self.tags is not None else torch.full((len(spans), old), -1, device=device)
-        self.tags = torch.cat([earlier, torch.tensor(new, dtype=torch.long, device=device)], dim=1)
+        if any(kept.pending for _, kept in spans):
+            rows = [[-1] * width for _ in spans]  # [B, width] host-built: one copy
+            for row, (start, kept) in enumerate(spans):
+                for offset, length, tag in kept.pending:
+                    rows[row][start + offset : start + offset + length] = range(tag, tag + length)
+            new = torch.tensor(rows, dtype=torch.long, device=device)
+        else:
+            new = torch.full((len(spans), width), -1, dtype=torch.long, device=device)
+        self.tags = torch.cat([self.pending_tags()[:, :old], new], dim=1)
         if any(kept.keep_below is not None or kept.promote for _, kept in spans):
             below = [2**62 if kept.keep_below is None else kept.keep_below for _, kept in spans]
             settle = torch.tensor([below, [kept.promote for _, kept in spans]], dtype=torch.long, device=device)
@@ -775,7 +778,7 @@ class RaggedKVCache:
         pad = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
         if self.tags is not None or other.tags is not None:
             tags = [
-                torch.nn.functional.pad(c.tags_or_none(), (0, width - c.valid.shape[1]), value=-1)
+                torch.nn.functional.pad(c.pending_tags(), (0, width - c.valid.shape[1]), value=-1)
                 for c in (self, other)
             ]
             self.tags = torch.cat(tags, dim=0)
@@ -783,8 +786,8 @@ class RaggedKVCache:
         self.lengths = self.lengths + other.lengths
         self.pending = self.pending + other.pending
 
-    def tags_or_none(self) -> torch.LongTensor:
-        """The pending tags, -1 everywhere when nothing is pending."""
+    def pending_tags(self) -> torch.LongTensor:
+        """[B, T] the pending entries' tags, -1 elsewhere (everywhere when nothing is pending)."""
         return self.tags if self.tags is not None else torch.full(self.valid.shape, -1, device=self.valid.device)
 
     def select_rows(self, rows: list[int]) -> None:
