@@ -8,6 +8,7 @@ so the card cannot drift from the files it describes.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from importlib import metadata, resources
@@ -73,6 +74,19 @@ def check_license(license: str) -> str:
     return license
 
 
+def check_card_arguments(*, license: str, repo_id: str | None = None, base_model: str | None = None,
+                         datasets: list[str] | None = None) -> None:  # fmt: skip
+    """The card's license and Hub ids (`publish` checks them before any heavy work, the card builders when called
+    on their own)."""
+    check_license(license)
+    if repo_id is not None:
+        check_repo_id(repo_id)
+    if base_model is not None:
+        check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
+    for dataset in datasets or []:
+        check_hub_id(dataset, "--dataset", "openai/gsm8k")
+
+
 # ----------------------------------------------------------------------------------------------- helpers
 _DISPLAY_NAMES = {"peft": "PEFT"}  # as PEFT's own cards write it
 
@@ -124,26 +138,35 @@ def _format(value: Any, spec: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- decoding
-# What each decoding argument means, in the order the card's table lists them (values: `decoding_defaults`).
-KNOB_MEANINGS = {
-    "decoding": '`"refusion"`: slot-parallel plan-and-infill decoding. `"autoregressive"`: ordinary left-to-right '
-    "decoding with the same weights (the baseline to compare against).",
-    "slot_size": "k, tokens per slot. Slots are planned in parallel and each is filled left to right.",
-    "block_size": "Tokens per serial block (a multiple of `slot_size`), decoded left to right; slots inside a block "
-    "in any order. `None`: 128 rounded up to a multiple of `slot_size`.",
-    "slot_threshold": "A step writes every slot whose first drafted token has more than this probability (the single "
-    "most confident slot when none does).",
-    "token_threshold": "A drafted token is accepted when its autoregressive probability, given everything before it, "
-    "exceeds this; otherwise the slot is re-drafted from there.",
-    "plan_ahead": "`True`: when every draft of a step looks likely to pass, the next step's plan runs in the same "
-    "forward as the verification (same tokens, fewer forward passes). `False`: one forward per plan, as in the "
-    "authors' decoder.",
+# The card's table explains ReFusion's fields with the generation config's own documentation (its docstring); the
+# two stock fields it lists get what is particular to ReFusion decoding.
+STOCK_FIELD_MEANINGS = {
     "temperature": "Read only with `do_sample=True` (stock semantics: drafts are then sampled after transformers' "
     "logits warpers; seed with `torch.manual_seed`); `do_sample=False` is greedy.",
     "max_new_tokens": "Answer length limit. The canvas is this rounded up to a multiple of `slot_size`; nothing past "
     "it is returned.",
-    "mask_token_id": "Id of the mask token that marks undecoded positions (`None`: the model config's).",
 }
+TABLE_ORDER = ("decoding", "slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead",
+               "temperature", "max_new_tokens", "mask_token_id")  # fmt: skip
+
+
+def documented_fields(config_class: type = RefusionGenerationConfig) -> dict[str, str]:
+    """Each field documented in `config_class`'s docstring (transformers' `name (`type`, ...):` entries, body
+    indented below), as one line of text."""
+    fields: dict[str, list[str]] = {}
+    name = None
+    for line in inspect.cleandoc(config_class.__doc__ or "").splitlines():
+        header = re.fullmatch(r"(\w+) \(`.*\):", line)
+        if header:
+            name = header.group(1)
+            fields[name] = []
+        elif name is not None and line.startswith(" "):
+            fields[name].append(line.strip())
+        else:
+            name = None
+    return {name: " ".join(lines) for name, lines in fields.items()}
+
+
 # (argument, comment) of the snippet's generate() call after max_new_tokens
 SNIPPET_ARGUMENTS = (
     ("slot_size", "k: tokens per slot"),
@@ -173,13 +196,14 @@ def fitting_max_new_tokens(defaults: dict[str, Any], prompt_length: int, max_pos
 
 
 def decoding_rows(defaults: dict[str, Any], max_positions: int | None) -> list[dict[str, str]]:
+    meanings = {**documented_fields(), **STOCK_FIELD_MEANINGS}
     rows = []
-    for name, meaning in KNOB_MEANINGS.items():
-        value = defaults[name]
+    for name in TABLE_ORDER:
+        value, meaning = defaults[name], meanings[name]
         shown = f'"{value}"' if name == "decoding" else _format(value, "g") if isinstance(value, float) else str(value)
         if name == "max_new_tokens" and max_positions:
             meaning += f" Prompt plus canvas must fit in {max_positions} positions."
-        rows.append({"name": name, "value": shown, "meaning": meaning})
+        rows.append({"name": name, "value": shown, "meaning": _cell(meaning)})
     return rows
 
 
@@ -268,11 +292,6 @@ def _training_context(summary: TrainingSummary | None) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------------------ cards
 def _card_data(*, library_name: str, license: str, base_model: str | None, datasets: list[str] | None,
                tags: list[str], model_name: str, reports: list[EvalReport]) -> ModelCardData:  # fmt: skip
-    check_license(license)
-    if base_model is not None:
-        check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
-    for dataset in datasets or []:
-        check_hub_id(dataset, "--dataset", "openai/gsm8k")
     eval_results = eval_results_of(reports) if reports else None
     return ModelCardData(
         library_name=library_name,
@@ -339,8 +358,7 @@ def build_model_card(
     from ..modeling.configuration_refusion import RefusionConfig
 
     folder = Path(folder)
-    if repo_id is not None:
-        check_repo_id(repo_id)
+    check_card_arguments(license=license, repo_id=repo_id, base_model=base_model, datasets=datasets)
     config = RefusionConfig.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     chat = bool(tokenizer.chat_template)
@@ -405,9 +423,7 @@ def build_adapter_card(
     `base_model:adapter:` and method tags, PEFT version); decoding defaults come from the base's generation config
     when it is given."""
     folder = Path(folder)
-    if repo_id is not None:
-        check_repo_id(repo_id)
-    check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
+    check_card_arguments(license=license, repo_id=repo_id, base_model=base_model, datasets=datasets)
     adapter_config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
     peft_type = str(adapter_config.get("peft_type", "LORA"))
     has_tokenizer = (folder / "tokenizer_config.json").is_file()

@@ -41,12 +41,12 @@ from .card import (
     DEFAULT_LICENSE,
     build_adapter_card,
     build_model_card,
+    check_card_arguments,
     check_hub_id,
-    check_license,
     check_repo_id,
 )
 from .errors import CardInputError, PublishError, PushError
-from .sources import EvalReport, TrainingSummary, load_eval_report, load_training_summary
+from .sources import EvalReport, load_eval_report, load_training_summary
 
 OFFICIAL_MODEL_TYPE = "qwen3"
 # Top-level files that make up a model or an adapter in a Hub repository (what `from_pretrained` may read), besides
@@ -167,13 +167,6 @@ def _check_out(out: Path, source: Path, overwrite: bool) -> None:
                 f"--out {out} has subfolders other than {CUSTOM_GENERATE_DIR}/, so it is not a published folder; "
                 "--overwrite only replaces those. Choose a new folder."
             )
-
-
-def _find_trainer_state(explicit: str | Path | None, source: Path) -> TrainingSummary | None:
-    if explicit is not None:
-        return load_training_summary(explicit)
-    candidate = source / "trainer_state.json"
-    return load_training_summary(candidate) if candidate.is_file() else None
 
 
 def _load_tokenizer(*candidates: Path | str | None):
@@ -352,22 +345,15 @@ def publish(
     push; with a failed push, the folder is still complete in `out`."""
     out = Path(out)
     # Cheap checks first: nothing is loaded or written before the arguments are known to be usable.
-    check_license(license)
+    check_card_arguments(license=license, repo_id=repo_id, base_model=base_model, datasets=datasets)
     if push and repo_id is None:
         raise CardInputError("--push needs --repo-id NAMESPACE/NAME (the Hub repository to create or update).")
     if private and not push:
         raise CardInputError("--private only applies to the repository --push creates; add --push --repo-id ID.")
-    if repo_id is not None:
-        check_repo_id(repo_id)
-    if base_model is not None:
-        check_hub_id(base_model, "--base-model", "GSAI-ML/ReFusion")
-    for dataset in datasets or []:
-        check_hub_id(dataset, "--dataset", "openai/gsm8k")
     if not isinstance(example_prompt, str) or not example_prompt.strip():
         raise CardInputError("--example-prompt must be a non-empty prompt for the card's usage example.")
     reports: list[EvalReport] = [load_eval_report(path) for path in eval_paths or []]
-    if trainer_state is not None:
-        load_training_summary(trainer_state)
+    training = load_training_summary(trainer_state) if trainer_state is not None else None
     if tokenizer is not None and not (Path(tokenizer) / "tokenizer_config.json").is_file():
         raise CardInputError(f"--tokenizer {tokenizer}: no tokenizer_config.json there; pass a tokenizer folder.")
     overrides = _check_decoding_overrides(decoding_defaults)
@@ -388,7 +374,8 @@ def publish(
             "model's generation_config.json; an adapter cannot set them. Publish the merged model instead."
         )
     _check_out(out, source, overwrite)
-    training = _find_trainer_state(trainer_state, source)
+    if training is None and (source / "trainer_state.json").is_file():
+        training = load_training_summary(source / "trainer_state.json")
 
     target = out.resolve()  # `out` may be spelled ".", whose parent is itself
     target.parent.mkdir(parents=True, exist_ok=True)
