@@ -32,6 +32,36 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def add_decoding_arguments(parser, title: str | None = None) -> None:
+    """One flag per ReFusion decoding knob (`DECODING_KNOBS`), typed and explained by `RefusionGenerationConfig`'s
+    own field documentation: `--slot-size N`, `--token-threshold X`, `--plan-ahead / --no-plan-ahead`... Each
+    defaults to None: the model's generation config decides."""
+    from .generation.refusion_generation_config import DECODING_KNOBS, documented_fields
+
+    group = parser.add_argument_group(title) if title else parser
+    docs = documented_fields()
+    argument_types = {"int": positive_int, "float": non_negative_float}  # every int knob counts, every float is >= 0
+    for name in DECODING_KNOBS:
+        doc = docs[name]
+        flag = f"--{name.replace('_', '-')}"
+        help_text = doc.text.split(". ")[0].rstrip(".") + " (default: the model's generation config)"
+        if doc.type == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            group.add_argument(flag, type=argument_types[doc.type], default=None, metavar=name.upper(), help=help_text)
+
+
 def require_extra(extra: str, *modules: str) -> None:
     """The packages a command needs beyond the core install must be there, else one line naming the extra."""
     missing = [module for module in modules if importlib.util.find_spec(module) is None]

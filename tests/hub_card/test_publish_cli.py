@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from refusion_hf.cli import main
 from refusion_hf.generation.custom_generate import generate
+from refusion_hf.generation.refusion_generation_config import DECODING_KNOBS
 from refusion_hf.hub_card import PushError, push_folder
 from refusion_hf.modeling import RefusionConfig, RefusionForCausalLM
 from refusion_hf.modeling.remote_code import collect_bundle_modules
@@ -58,7 +59,10 @@ def folder_files(folder) -> dict[str, bytes]:
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
-    code = main(["publish", *map(str, args)])
+    try:
+        code = main(["publish", *map(str, args)])
+    except SystemExit as exit:  # argparse refusing a flag's value
+        code = exit.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -110,6 +114,16 @@ def test_cli_publishes_official_checkpoint_in_our_format(capsys, tmp_path):
     # Without --repo-id the card is named after the folder and the snippet shows where the id goes.
     assert card.text.lstrip().startswith("# out\n") and 'model_id = "<your-namespace>/out"' in card.text
     assert "## Training details" not in card.text
+
+
+def test_every_decoding_knob_flag_is_written_to_the_generation_config(capsys, tmp_path):
+    # The flags are derived from the generation config's fields (one per DECODING_KNOBS entry), --no-plan-ahead too.
+    flags = ["--slot-size", "4", "--block-size", "8", "--slot-threshold", "0.7", "--token-threshold", "0.2"]
+    code, _, _ = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", *flags, "--no-plan-ahead")
+    assert code == 0
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    written = {name: generation[name] for name in DECODING_KNOBS}
+    assert written == dict(slot_size=4, block_size=8, slot_threshold=0.7, token_threshold=0.2, plan_ahead=False)
 
 
 def test_cli_push_uploads_the_folder_through_hfapi(capsys, tmp_path, monkeypatch, inputs_dir):
@@ -265,8 +279,8 @@ BAD_ARGUMENTS = [
     (["--eval", "BROKEN_EVAL"], ["'refusion.tokens_per_second'"]),
     (["--block-size", "12", "--slot-size", "8"], ["--slot-size, --block-size", "multiple of `slot_size`"]),
     (["--block-size", "12"], ["(--block-size)", "multiple of `slot_size` (32)"]),  # the checkpoint's slot size
-    (["--slot-threshold", "-1"], ["--slot-threshold", "`slot_threshold` must be a number >= 0"]),
-    (["--max-new-tokens", "0"], ["--max-new-tokens must be an integer >= 1"]),
+    (["--slot-threshold", "-1"], ["--slot-threshold", "expected a number >= 0, got -1"]),
+    (["--max-new-tokens", "0"], ["--max-new-tokens", "expected an integer >= 1, got 0"]),
     (["--tokenizer", "TMPDIR"], ["--tokenizer", "no tokenizer_config.json"]),
     (["--example-prompt", " "], ["--example-prompt"]),
 ]

@@ -21,7 +21,15 @@ import sys
 from pathlib import Path
 
 from ..checkpoint_identity import weights_sha256
-from ..command_inputs import CommandError, check_output_file, first_line, non_negative_float, require_extra
+from ..command_inputs import (
+    CommandError,
+    add_decoding_arguments,
+    check_output_file,
+    first_line,
+    non_negative_float,
+    positive_int,
+    require_extra,
+)
 from ..generation.refusion_generation_config import DECODING_PRESETS
 from ..modeling.loading import add_dtype_argument
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
@@ -29,16 +37,6 @@ from .synthetic_tasks import FAMILIES
 from .tasks import SUITE_TASKS, task_name
 
 CODE_SUITES = ("humaneval", "mbpp")  # short names whose tasks execute generated code
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
 
 
 def _families(text: str) -> list[str]:
@@ -92,7 +90,7 @@ def register(subparsers) -> None:
         "--seed", type=int, default=0, help="synthetic: which test problems are drawn; also the sampling seed"
     )
     parser.add_argument(
-        "--limit", type=_positive_int, default=None, help="number of problems (synthetic default 60; others: all)"
+        "--limit", type=positive_int, default=None, help="number of problems (synthetic default 60; others: all)"
     )
     parser.add_argument(
         "--families", type=_families, default=None, help=f"synthetic only: subset of {','.join(FAMILIES)}"
@@ -102,7 +100,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="default: the task's max_gen_toks (synthetic: 64)",
     )
@@ -113,17 +111,7 @@ def register(subparsers) -> None:
         help="the authors' decoding settings for a task (slot size, block size, thresholds; the task decides the "
         "length); the flags below win",
     )
-    parser.add_argument("--slot-size", type=_positive_int, default=None)
-    parser.add_argument("--block-size", type=_positive_int, default=None)
-    parser.add_argument("--slot-threshold", type=non_negative_float, default=None)
-    parser.add_argument("--token-threshold", type=non_negative_float, default=None)
-    parser.add_argument(
-        "--plan-ahead",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the next plan inside verification forwards (default: the model's generation config, normally "
-        "on); --no-plan-ahead gives the authors' forward count",
-    )
+    add_decoding_arguments(parser)
     parser.add_argument("--temperature", type=non_negative_float, default=None, help="0 (default) is greedy")
     parser.add_argument(
         "--decodings",
@@ -132,10 +120,10 @@ def register(subparsers) -> None:
         help="which decodings to run (default: both, side by side); 'autoregressive' alone evaluates a model "
         "without a mask token, e.g. an AR baseline",
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=1, help="prompts per generate call (left-padded)")
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate call (left-padded)")
     parser.add_argument(
         "--timing-repeats",
-        type=_positive_int,
+        type=positive_int,
         default=3,
         help="decode every batch this many times per decoding (interleaved, same tokens) and time the fastest, "
         "so that stalls caused by other processes do not decide the speed comparison (default 3; 1 = once)",
@@ -143,7 +131,7 @@ def register(subparsers) -> None:
     add_dtype_argument(parser)
     parser.add_argument(
         "--num-threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="torch CPU threads (default: torch's); 1 avoids thread stalls of tiny models on a busy machine",
     )

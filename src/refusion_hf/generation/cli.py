@@ -12,8 +12,10 @@ from transformers import TextStreamer
 
 from ..command_inputs import (
     CommandError,
+    add_decoding_arguments,
     check_output_file,
     non_negative_float,
+    positive_int,
     require_extra,
 )
 from ..modeling.loading import add_dtype_argument, load_model_and_tokenizer, prompt_ids
@@ -31,11 +33,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="decode a prompt with ReFusion and compare with AR decoding")
     parser.add_argument("prompt", help="the user message (the chat template is applied when the model has one)")
     parser.add_argument("--model", default=None, help="local folder or Hub id (default: the embedded model)")
-    parser.add_argument("--max-new-tokens", type=int, default=None)
-    parser.add_argument("--slot-size", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--slot-threshold", type=float, default=None)
-    parser.add_argument("--token-threshold", type=float, default=None)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None)
+    add_decoding_arguments(parser)
     parser.add_argument(
         "--temperature",
         type=non_negative_float,

@@ -8,7 +8,6 @@ so the card cannot drift from the files it describes.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from importlib import metadata, resources
@@ -18,7 +17,12 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from ..generation.refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
+from ..generation.refusion_generation_config import (
+    DECODING_KNOBS,
+    REFUSION_FIELDS,
+    RefusionGenerationConfig,
+    documented_fields,
+)
 from ..modeling.loading import prompt_ids
 from .errors import CardInputError
 from .sources import EvalReport, TrainingSummary, eval_results_of
@@ -146,25 +150,7 @@ STOCK_FIELD_MEANINGS = {
     "max_new_tokens": "Answer length limit. The canvas is this rounded up to a multiple of `slot_size`; nothing past "
     "it is returned.",
 }
-TABLE_ORDER = ("decoding", "slot_size", "block_size", "slot_threshold", "token_threshold", "plan_ahead",
-               "temperature", "max_new_tokens", "mask_token_id")  # fmt: skip
-
-
-def documented_fields(config_class: type = RefusionGenerationConfig) -> dict[str, str]:
-    """Each field documented in `config_class`'s docstring (transformers' `name (`type`, ...):` entries, body
-    indented below), as one line of text."""
-    fields: dict[str, list[str]] = {}
-    name = None
-    for line in inspect.cleandoc(config_class.__doc__ or "").splitlines():
-        header = re.fullmatch(r"(\w+) \(`.*\):", line)
-        if header:
-            name = header.group(1)
-            fields[name] = []
-        elif name is not None and line.startswith(" "):
-            fields[name].append(line.strip())
-        else:
-            name = None
-    return {name: " ".join(lines) for name, lines in fields.items()}
+TABLE_ORDER = ("decoding", *DECODING_KNOBS, "temperature", "max_new_tokens", "mask_token_id")
 
 
 # (argument, comment) of the snippet's generate() call after max_new_tokens
@@ -196,7 +182,7 @@ def fitting_max_new_tokens(defaults: dict[str, Any], prompt_length: int, max_pos
 
 
 def decoding_rows(defaults: dict[str, Any], max_positions: int | None) -> list[dict[str, str]]:
-    meanings = {**documented_fields(), **STOCK_FIELD_MEANINGS}
+    meanings = {**{name: doc.text for name, doc in documented_fields().items()}, **STOCK_FIELD_MEANINGS}
     rows = []
     for name in TABLE_ORDER:
         value, meaning = defaults[name], meanings[name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..command_inputs import add_decoding_arguments, positive_int
 from .card import DEFAULT_EXAMPLE_PROMPT, DEFAULT_LICENSE
 from .errors import PublishError
 
@@ -38,12 +39,8 @@ def register(subparsers) -> None:
     parser.add_argument("--base-model", default=None, help="Hub id of the model this one derives from")
     parser.add_argument("--dataset", action="append", default=[], help="Hub id of a training dataset (repeat)")
     parser.add_argument("--example-prompt", default=DEFAULT_EXAMPLE_PROMPT, help="prompt of the card's usage example")
-    defaults = parser.add_argument_group("decoding defaults written to generation_config.json (models only)")
-    defaults.add_argument("--slot-size", type=int, default=None)
-    defaults.add_argument("--block-size", type=int, default=None)
-    defaults.add_argument("--slot-threshold", type=float, default=None)
-    defaults.add_argument("--token-threshold", type=float, default=None)
-    defaults.add_argument("--max-new-tokens", type=int, default=None)
+    add_decoding_arguments(parser, "decoding defaults written to generation_config.json (models only)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None, help="default answer length to write")
     parser.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     parser.add_argument(
         "--allow-eval-mismatch",

@@ -74,9 +74,7 @@ MODEL_FILE_PATTERNS = (
     "chat_template.*",
 )
 # Decoding defaults that can be baked into the published generation_config.json, with their CLI options.
-DECODING_OVERRIDES = {
-    name: f"--{name.replace('_', '-')}" for name in (*DECODING_KNOBS, "max_new_tokens") if name != "plan_ahead"
-}
+DECODING_OVERRIDES = {name: f"--{name.replace('_', '-')}" for name in (*DECODING_KNOBS, "max_new_tokens")}
 # What is downloaded when `model` is a Hub id (the remote code is always written fresh, so no *.py).
 SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 

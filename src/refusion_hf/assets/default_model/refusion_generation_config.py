@@ -9,9 +9,11 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import GenerationConfig
@@ -177,6 +179,29 @@ class RefusionGenerationConfig(GenerationConfig):
                 raise ValueError(
                     f"`{name}` must be a number >= 0 (values above 1 are allowed and mean 'never'), got {value!r}."
                 )
+
+
+class FieldDoc(NamedTuple):
+    type: str  # as the docstring writes it: "int", "float", "bool", "str"
+    text: str
+
+
+def documented_fields(config_class: type = RefusionGenerationConfig) -> dict[str, FieldDoc]:
+    """Each field documented in `config_class`'s docstring (transformers' `name (`type`, ...):` entries, the text
+    indented below, joined into one line): the model card and the commands' flags are built from it, so every knob
+    is typed and explained once, in the class."""
+    fields: dict[str, tuple[str, list[str]]] = {}
+    name = None
+    for line in inspect.cleandoc(config_class.__doc__ or "").splitlines():
+        header = re.fullmatch(r"(\w+) \(`(\w+)`.*\):", line)
+        if header:
+            name = header.group(1)
+            fields[name] = (header.group(2), [])
+        elif name is not None and line.startswith(" "):
+            fields[name][1].append(line.strip())
+        else:
+            name = None
+    return {name: FieldDoc(kind, " ".join(lines)) for name, (kind, lines) in fields.items()}
 
 
 def sampling_arguments(temperature: float | None) -> dict[str, Any]:
