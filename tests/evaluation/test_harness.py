@@ -252,3 +252,26 @@ def test_a_preset_sets_the_knobs_and_the_task_the_length(embedded, monkeypatch):
     assert {call[2] for call in script.calls} == {64}  # the task's max_gen_toks, not the preset's 512
     autoregressive = [kw for kw, call in zip(script.kwargs, script.calls) if call[0] == "autoregressive"]
     assert all("slot_size" not in kw for kw in autoregressive)
+
+
+def test_continuous_batching_gives_the_answers_of_fixed_batches(embedded):
+    """`--continuous-batching`: the problems stream through `generate_batch` (3 at once, a finished one replaced at
+    once) with each decoding in turn; every answer and its token count are those of fixed batches, and lm-eval's
+    second run scores the autoregressive answers from the record."""
+    model, tokenizer = embedded
+    task, _ = synthetic_task(5, 5, families=("arithmetic", "listing"))
+    runs = {}
+    for continuous in (False, True):
+        settings = EvalSettings(batch_size=3, max_new_tokens=24, continuous_batching=continuous, warmup=False)
+        runs[continuous] = evaluate_decodings(model, tokenizer, task, settings)
+    fixed, streamed = runs[False], runs[True]
+    for decoding in ("refusion", "autoregressive"):
+        for alone, together in zip(fixed["problems"], streamed["problems"]):
+            assert together[decoding]["answer"] == alone[decoding]["answer"]
+            assert together[decoding]["num_tokens"] == alone[decoding]["num_tokens"] is not None
+        assert streamed[decoding]["accuracy"] == fixed[decoding]["accuracy"]
+        assert streamed[decoding]["num_tokens"] == fixed[decoding]["num_tokens"]
+        assert streamed[decoding]["num_sequences"] == 5
+    # A continuous batch's rows share every forward: fewer forwards than the fixed batches' stragglers need.
+    assert streamed["refusion"]["num_forward_passes"] <= fixed["refusion"]["num_forward_passes"]
+    assert streamed["settings"]["continuous_batching"] and "Continuous batching: at most 3" in markdown_table(streamed)

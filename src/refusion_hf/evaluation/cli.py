@@ -122,6 +122,13 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--batch-size", type=positive_int, default=1, help="prompts per generate call (left-padded)")
     parser.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="stream the problems through generate_batch, at most --batch-size at once, a finished one replaced by "
+        "the next at once (default: fixed left-padded batches of --batch-size); autoregressive decoding then uses "
+        "transformers' own continuous batching, built for GPUs (slow on a CPU)",
+    )
+    parser.add_argument(
         "--timing-repeats",
         type=positive_int,
         default=3,
@@ -320,6 +327,7 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
         preset=args.preset,
         apply_chat_template=chat,
         timing_repeats=args.timing_repeats,
+        continuous_batching=args.continuous_batching,
     )
     try:
         effective, _ = merge_generation_config(model, None, settings.refusion_kwargs())

@@ -13,6 +13,10 @@ task's filters and metrics. Added here is what makes the comparison fair:
   which the same batches return that decoding's recorded sequences (no decoding happens), so lm-eval scores each
   decoding exactly as it would score a model of its own;
 * speed: generated tokens, forward passes and seconds of every timed call (`throughput`);
+* `continuous_batching`: each decoding serves the task's whole request stream through `generate_batch` (at most
+  `batch_size` rows at once, a finished row replaced by the next problem at once), timed as one call, the decodings
+  in turn (the order alternating between repeats); tokens per forward are then the stream's generated tokens per
+  batched forward;
 * `baseline_model`: the autoregressive decoding runs on another model that encodes text the same way (e.g. the
   controlled AR baseline trained like the ReFusion model), still batch by batch beside ReFusion decoding.
 """
@@ -20,6 +24,7 @@ task's filters and metrics. Added here is what makes the comparison fair:
 from __future__ import annotations
 
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -50,6 +55,7 @@ class EvalSettings:
     apply_chat_template: bool = True
     warmup: bool = True
     timing_repeats: int = 1  # decode each batch this many times per decoding; its time is the fastest
+    continuous_batching: bool = False  # the task's problems through generate_batch, batch_size rows at once
 
     def refusion_kwargs(self) -> dict:
         kwargs = preset_settings(self.preset) if self.preset is not None else {}
@@ -77,9 +83,10 @@ def throughput(records: list[GenerateRecord]) -> dict:
     """Speed of a set of timed calls: tokens/s (overall and median call), tokens per forward (all tokens over all
     per-row forward passes, and the mean of the per-row ratios), forward passes, tokens, sequences, seconds."""
     tokens = sum(sum(r.answer_lengths) for r in records)
-    row_passes = sum(sum(r.row_forward_passes) for r in records)
+    # A continuous batch does not tell rows' forward passes apart: its rows share every batched forward.
+    row_passes = sum(r.forward_passes if r.row_forward_passes is None else sum(r.row_forward_passes) for r in records)
     seconds = sum(r.seconds for r in records)
-    ratios = [n / p for r in records for n, p in zip(r.answer_lengths, r.row_forward_passes)]
+    ratios = [n / p for r in records for n, p in zip(r.answer_lengths, r.row_forward_passes or ())]
     return {
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "median_call_tokens_per_second": statistics.median(sum(r.answer_lengths) / r.seconds for r in records)
@@ -89,7 +96,7 @@ def throughput(records: list[GenerateRecord]) -> dict:
         "mean_tokens_per_forward": statistics.fmean(ratios) if ratios else 0.0,
         "num_forward_passes": sum(r.forward_passes for r in records),
         "num_tokens": tokens,
-        "num_sequences": len(ratios),
+        "num_sequences": sum(len(r.answer_lengths) for r in records),
         "seconds": seconds,
     }
 
@@ -100,7 +107,12 @@ class SideBySideLM(RefusionLM):
     def __init__(
         self, model, tokenizer, settings: EvalSettings, decodings: Sequence[str], progress=None, baseline_model=None
     ):
-        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=settings.batch_size)
+        super().__init__(
+            pretrained=model,
+            tokenizer=tokenizer,
+            batch_size=settings.batch_size,
+            continuous_batching=settings.continuous_batching,
+        )
         self.settings = settings
         self.decoding_models = {"refusion": model, "autoregressive": baseline_model or model}
         self.decodings = check_decodings(decodings)
@@ -166,6 +178,48 @@ class SideBySideLM(RefusionLM):
         if self.progress is not None:
             self.progress(sum(len(r.answer_lengths) for r in self.records[self.decodings[0]]))
         return self._recorded[self.decodings[0]][key].pop(0)
+
+    def _generate_continuously(self, requests) -> list[str]:
+        """`continuous_batching`: the task's requests through `generate_batch` with each decoding in turn (see the
+        module docstring); a replay returns its decoding's recorded answers."""
+        key = tuple((request.args[0], repr(sorted(request.args[1].items()))) for request in requests)
+        if self.replaying is not None:
+            return self._recorded[self.replaying][key].pop(0)
+        if not self._warm:  # one-off costs out of the timing, as with fixed batches
+            for decoding in self.decodings:
+                self._stream(decoding, requests[:1])
+            self._warm = True
+        kept: dict[str, GenerateRecord] = {}
+        for repeat in range(self.settings.timing_repeats):
+            for decoding in self.decodings if repeat % 2 == 0 else self.decodings[::-1]:
+                torch.manual_seed(self.settings.seed)
+                record = self._stream(decoding, requests)
+                first = kept.setdefault(decoding, record)
+                if record.sequences != first.sequences:
+                    raise RuntimeError(
+                        f"{decoding} decoding gave different answers when repeated with the same seed, so repeats "
+                        "cannot be timed as one: use --timing-repeats 1."
+                    )
+                first.seconds = min(first.seconds, record.seconds)
+        for decoding, record in kept.items():
+            self.records[decoding].append(record)
+            self._recorded[decoding][key].append(record.sequences)
+            for request, length in zip(requests, record.answer_lengths):
+                self.row_lengths[decoding][tuple(self.tok_encode(request.args[0]))] = length
+        if self.progress is not None:
+            self.progress(len(requests))
+        return self._recorded[self.decodings[0]][key].pop(0)
+
+    def _stream(self, decoding: str, requests) -> GenerateRecord:
+        """One timed `generate_batch` of `requests` with `decoding`, on the model that decoding runs on."""
+        self._model = self.decoding_models[decoding]
+        try:
+            start = time.perf_counter()
+            answers, lengths, forwards = self.stream_requests(requests, self._kwargs(decoding))
+            seconds = time.perf_counter() - start
+        finally:
+            self._model = self.decoding_models["refusion"]
+        return GenerateRecord(answers, lengths, None, forwards, max(seconds, 1e-9))
 
     def tok_batch_encode(self, strings, *args, **kwargs):
         """HFLM's; the attention mask of the batch is kept to tell each row's prompt tokens from the padding."""
@@ -309,6 +363,9 @@ def markdown_table(results: dict) -> str:
         lines += ["", f"Accuracy: lm-eval task {settings['lm_eval_task']}, {settings['primary_metric']}."]
     if settings.get("baseline_model"):
         lines += ["", f"Autoregressive decoding ran on the baseline model {settings['baseline_model']}."]
+    if settings.get("continuous_batching"):
+        lines += ["", f"Continuous batching: at most {settings['batch_size']} problems decoded at once, a finished "
+                  "one replaced by the next at once; tokens/forward per batched forward."]  # fmt: skip
     repeats = settings.get("timing_repeats", 1)
     if repeats > 1:
         lines += ["", f"Times: the fastest of {repeats} interleaved runs of every problem with each decoding."]

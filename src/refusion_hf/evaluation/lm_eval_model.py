@@ -25,6 +25,7 @@ per request, and is not offered here.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -44,9 +45,9 @@ KNOBS = (*DECODING_KNOBS, "decoding")  # model args that go to generate()
 class GenerateRecord:
     """One timed `generate` call of a batch."""
 
-    sequences: torch.LongTensor  # [B, W + N]
+    sequences: torch.LongTensor | list[str]  # [B, W + N]; a continuous batch: the answers
     answer_lengths: list[int]  # per row, generated tokens up to and including its end
-    row_forward_passes: list[int]  # per row, the forward passes it took part in
+    row_forward_passes: list[int] | None  # per row, the forward passes it took part in (None: not told apart)
     forward_passes: int  # model forward calls of the call (a batched forward counts once)
     seconds: float
 
@@ -105,8 +106,17 @@ class RefusionLM(HFLM):
         return answers
 
     def _generate_continuously(self, requests) -> list[str]:
-        """One task's requests through `model.generate_batch`, grouped by generation arguments (see the module
-        docstring); answers in request order."""
+        """One task's requests through `model.generate_batch` (see the module docstring); answers in request
+        order."""
+        answers, lengths, forwards = self.stream_requests(requests)
+        self.decoding_stats[self._task]["tokens"] += sum(lengths)
+        self.decoding_stats[self._task]["forward_passes"] += forwards
+        return answers
+
+    def stream_requests(self, requests, decoding_kwargs: dict | None = None) -> tuple[list[str], list[int], int]:
+        """`requests` through `model.generate_batch`, grouped by generation arguments, with `decoding_kwargs`
+        (default: the model args' knobs): the answers in request order, each request's generated tokens, and the
+        model's forward passes (a batched forward counts once)."""
         from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -117,6 +127,8 @@ class RefusionLM(HFLM):
         for index, request in enumerate(requests):
             groups[repr(sorted(request.args[1].items()))].append(index)
         answers: list[str | None] = [None] * len(requests)
+        lengths = [0] * len(requests)
+        decoding_kwargs = self.decoding_kwargs if decoding_kwargs is None else decoding_kwargs
         forwards = [0]
         hook = self.model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         try:
@@ -130,16 +142,19 @@ class RefusionLM(HFLM):
                     self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
                     for i in indices
                 ]
+                # The settings travel in a generation config: transformers' own generate_batch (autoregressive
+                # decoding) reads no other keyword than max_new_tokens.
+                generation_config = copy.deepcopy(self.model.generation_config)
+                generation_config.update(pad_token_id=self.tokenizer.pad_token_id, **{**decoding_kwargs, **kwargs})
                 results = self.model.generate_batch(
                     prompts,
+                    generation_config=generation_config,
                     continuous_batching_config=config,
                     max_new_tokens=max_gen_toks,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    **{**self.decoding_kwargs, **kwargs},
                 )
                 for position, index in enumerate(indices):
                     tokens = results[f"req_{position}"].generated_tokens
-                    self.decoding_stats[self._task]["tokens"] += len(tokens)
+                    lengths[index] = len(tokens)
                     text = postprocess_generated_text(
                         generation=self.tok_decode(tokens), stop=until, think_end_token=None
                     )
@@ -147,8 +162,7 @@ class RefusionLM(HFLM):
                     self.cache_hook.add_partial("generate_until", requests[index].args, text)
         finally:
             hook.remove()
-        self.decoding_stats[self._task]["forward_passes"] += forwards[0]
-        return answers
+        return answers, lengths, forwards[0]
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         record = self.timed_generate(context, max_length, stop, {**self.decoding_kwargs, **generation_kwargs})
