@@ -135,28 +135,20 @@ class EvalReport:
             dataset_split=self.dataset_split,
         )
         args = self.decoding_args() or None
+        measures = (
+            (info.accuracy_metric, "accuracy", info.accuracy_metric),
+            ("tokens_per_second", "tokens_per_second", "tokens/s"),
+            ("tokens_per_forward", "tokens_per_forward", "tokens per forward pass"),
+        )
         return [
             EvalResult(
                 **common,
-                metric_type=info.accuracy_metric,
-                metric_value=self.refusion["accuracy"],
-                metric_name=f"{info.accuracy_metric} (ReFusion decoding{subset})",
+                metric_type=metric,
+                metric_value=self.refusion[key],
+                metric_name=f"{name} (ReFusion decoding{subset})",
                 metric_args=args,
-            ),
-            EvalResult(
-                **common,
-                metric_type="tokens_per_second",
-                metric_value=self.refusion["tokens_per_second"],
-                metric_name=f"tokens/s (ReFusion decoding{subset})",
-                metric_args=args,
-            ),
-            EvalResult(
-                **common,
-                metric_type="tokens_per_forward",
-                metric_value=self.refusion["tokens_per_forward"],
-                metric_name=f"tokens per forward pass (ReFusion decoding{subset})",
-                metric_args=args,
-            ),
+            )
+            for metric, key, name in measures
         ]
 
 
