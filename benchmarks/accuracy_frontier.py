@@ -70,11 +70,13 @@ def main() -> None:
         for slot_threshold, token_threshold in THRESHOLDS:
             settings = EvalSettings(
                 max_new_tokens=args.max_new_tokens,
-                slot_size=slot_size,
-                block_size=args.block_size,
-                slot_threshold=slot_threshold,
-                token_threshold=token_threshold,
-                plan_ahead=plan_ahead,
+                knobs=dict(
+                    slot_size=slot_size,
+                    block_size=args.block_size,
+                    slot_threshold=slot_threshold,
+                    token_threshold=token_threshold,
+                    plan_ahead=plan_ahead,
+                ),  # fmt: skip
                 seed=args.seed,
             )
             result = evaluate_decodings(model, tokenizer, task, settings)

@@ -244,7 +244,7 @@ def test_a_preset_sets_the_knobs_and_the_task_the_length(embedded, monkeypatch):
     truth = {prompt: p.answer for prompt, p in problems.items()}
     script = Script({"refusion": truth, "autoregressive": truth})
     install(monkeypatch, script)
-    evaluate_decodings(model, tokenizer, task, EvalSettings(preset="gsm8k_cot", slot_size=4, warmup=False))
+    evaluate_decodings(model, tokenizer, task, EvalSettings(preset="gsm8k_cot", knobs=dict(slot_size=4), warmup=False))
     preset = preset_settings("gsm8k_cot")
     refusion = [kw for kw, call in zip(script.kwargs, script.calls) if call[0] == "refusion"]
     assert all(kw["slot_size"] == 4 and kw["block_size"] == preset["block_size"] for kw in refusion)

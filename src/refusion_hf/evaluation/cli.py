@@ -30,7 +30,7 @@ from ..command_inputs import (
     positive_int,
     require_extra,
 )
-from ..generation.refusion_generation_config import DECODING_PRESETS
+from ..generation.refusion_generation_config import DECODING_KNOBS, DECODING_PRESETS
 from ..modeling.loading import add_dtype_argument
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .synthetic_tasks import FAMILIES
@@ -191,8 +191,6 @@ def _progress(total: int | None):
 
 
 def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
-    from ..generation.refusion_generation_config import DECODING_KNOBS
-
     if args.suite in CODE_SUITES and not allowed:
         raise CommandError(
             f"--suite {args.suite} is scored by executing the generated code: pass "
@@ -319,11 +317,7 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
         batch_size=args.batch_size,
         seed=args.seed,
         temperature=args.temperature,
-        slot_size=args.slot_size,
-        block_size=args.block_size,
-        slot_threshold=args.slot_threshold,
-        token_threshold=args.token_threshold,
-        plan_ahead=args.plan_ahead,
+        knobs={name: getattr(args, name) for name in DECODING_KNOBS if getattr(args, name) is not None},
         preset=args.preset,
         apply_chat_template=chat,
         timing_repeats=args.timing_repeats,

@@ -27,7 +27,8 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -46,21 +47,22 @@ class EvalSettings:
     batch_size: int = 1
     seed: int = 0
     temperature: float | None = None
-    slot_size: int | None = None
-    block_size: int | None = None
-    slot_threshold: float | None = None
-    token_threshold: float | None = None
-    plan_ahead: bool | None = None
-    preset: str | None = None  # DECODING_PRESETS: its knobs, unless set above (the task decides the length)
+    knobs: dict[str, Any] = field(default_factory=dict)  # ReFusion decoding knobs (DECODING_KNOBS) to set
+    preset: str | None = None  # DECODING_PRESETS: its knobs, unless in `knobs` (the task decides the length)
     apply_chat_template: bool = True
     warmup: bool = True
     timing_repeats: int = 1  # decode each batch this many times per decoding; its time is the fastest
     continuous_batching: bool = False  # the task's problems through generate_batch, batch_size rows at once
 
+    def __post_init__(self):
+        unknown = sorted(set(self.knobs) - set(DECODING_KNOBS))
+        if unknown:
+            raise ValueError(f"EvalSettings.knobs: unknown decoding knobs {unknown}; choose from {DECODING_KNOBS}.")
+
     def refusion_kwargs(self) -> dict:
         kwargs = preset_settings(self.preset) if self.preset is not None else {}
         kwargs.pop("max_new_tokens", None)  # the task's max_gen_toks (or --max-new-tokens) decides the length
-        kwargs.update({name: getattr(self, name) for name in DECODING_KNOBS if getattr(self, name) is not None})
+        kwargs.update({name: value for name, value in self.knobs.items() if value is not None})
         return kwargs
 
     def generation_kwargs(self) -> dict:
