@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "decoding": "refusion",
                 "max_new_tokens": 64,
-                "slot_size": 8,
+                "slot_size": 16,
                 "block_size": 16,
                 "slot_threshold": 0.9,
                 "token_threshold": 0.5,
