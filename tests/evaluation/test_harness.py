@@ -275,3 +275,17 @@ def test_continuous_batching_gives_the_answers_of_fixed_batches(embedded):
     # A continuous batch's rows share every forward: fewer forwards than the fixed batches' stragglers need.
     assert streamed["refusion"]["num_forward_passes"] <= fixed["refusion"]["num_forward_passes"]
     assert streamed["settings"]["continuous_batching"] and "Continuous batching: at most 3" in markdown_table(streamed)
+
+
+def test_continuous_batching_refuses_generation_arguments_it_would_ignore(embedded):
+    from types import SimpleNamespace
+
+    from refusion_hf.evaluation.lm_eval_model import RefusionLM
+
+    model, tokenizer = embedded
+    lm = RefusionLM(pretrained=model, tokenizer=tokenizer, batch_size=2, continuous_batching=True)
+    request = SimpleNamespace(args=("2 + 2 =", {"until": ["\n"], "max_gen_toks": 8, "no_such_argument": 1}))
+    with pytest.raises(ValueError, match=r"\['no_such_argument'\].*generate_batch would ignore them"):
+        lm.stream_requests([request])
+    answers, lengths, forwards = lm.stream_requests([SimpleNamespace(args=("2 + 2 =", {"max_gen_toks": 8}))])
+    assert len(answers) == 1 and 1 <= lengths[0] <= 8 and forwards >= 1

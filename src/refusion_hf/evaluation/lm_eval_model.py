@@ -35,7 +35,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from ..generation.refusion_generate import answer_lengths, eos_token_ids
-from ..generation.refusion_generation_config import DECODING_KNOBS, preset_settings
+from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
 
 INSTANCES: list[RefusionLM] = []  # models lm-eval built from `--model refusion`: `refusion lm-eval` reads their figures
 KNOBS = (*DECODING_KNOBS, "decoding")  # model args that go to generate()
@@ -144,8 +144,16 @@ class RefusionLM(HFLM):
                 ]
                 # The settings travel in a generation config: transformers' own generate_batch (autoregressive
                 # decoding) reads no other keyword than max_new_tokens.
-                generation_config = copy.deepcopy(self.model.generation_config)
-                generation_config.update(pad_token_id=self.tokenizer.pad_token_id, **{**decoding_kwargs, **kwargs})
+                generation_config = copy.deepcopy(
+                    RefusionGenerationConfig.from_generation_config(self.model.generation_config)
+                )
+                settings = {**decoding_kwargs, **kwargs, "pad_token_id": self.tokenizer.pad_token_id}
+                unused = generation_config.update(**settings)
+                if unused:
+                    raise ValueError(
+                        f"generation arguments {sorted(unused)} are not fields of the model's generation config, so "
+                        "generate_batch would ignore them; drop them from the task's generation_kwargs or model args."
+                    )
                 results = self.model.generate_batch(
                     prompts,
                     generation_config=generation_config,
