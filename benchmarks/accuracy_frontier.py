@@ -76,7 +76,7 @@ def main() -> None:
                     slot_threshold=slot_threshold,
                     token_threshold=token_threshold,
                     plan_ahead=plan_ahead,
-                ),  # fmt: skip
+                ),
                 seed=args.seed,
             )
             result = evaluate_decodings(model, tokenizer, task, settings)
