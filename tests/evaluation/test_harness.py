@@ -274,7 +274,9 @@ def test_continuous_batching_gives_the_answers_of_fixed_batches(embedded):
         assert streamed[decoding]["num_sequences"] == 5
     # A continuous batch's rows share every forward: fewer forwards than the fixed batches' stragglers need.
     assert streamed["refusion"]["num_forward_passes"] <= fixed["refusion"]["num_forward_passes"]
-    assert streamed["settings"]["continuous_batching"] and "Continuous batching: at most 3" in markdown_table(streamed)
+    table = markdown_table(streamed)
+    assert streamed["settings"]["continuous_batching"] and "Continuous batching: at most 3" in table
+    assert "transformers' own continuous batching" in table and "own continuous" not in markdown_table(fixed)
 
 
 def test_continuous_batching_refuses_generation_arguments_it_would_ignore(embedded):

@@ -368,6 +368,9 @@ def markdown_table(results: dict) -> str:
     if settings.get("continuous_batching"):
         lines += ["", f"Continuous batching: at most {settings['batch_size']} problems decoded at once, a finished "
                   "one replaced by the next at once; tokens/forward per batched forward."]  # fmt: skip
+        if "autoregressive" in decodings:
+            lines += ["Autoregressive decoding ran on transformers' own continuous batching, which is built for GPUs: "
+                      "on a CPU compare the two decodings' speed with fixed batches."]  # fmt: skip
     repeats = settings.get("timing_repeats", 1)
     if repeats > 1:
         lines += ["", f"Times: the fastest of {repeats} interleaved runs of every problem with each decoding."]
