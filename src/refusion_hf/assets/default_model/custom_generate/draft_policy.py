@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList
 
+_FULL_PRECISION = (torch.float32, torch.float64)  # scores are computed in at least float32
+
 
 @dataclass
 class DraftPolicy:
@@ -52,7 +54,7 @@ class DraftPolicy:
     def scores(self, logits: torch.Tensor, offsets: torch.LongTensor | None = None) -> torch.Tensor:
         """logits [n, V] -> constrained scores [n, V] in at least float32. `offsets` [n]: the answer offset
         (position minus prompt length) of the token each row predicts; needed when `positional`."""
-        scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        scores = logits if logits.dtype in _FULL_PRECISION else logits.float()
         if self.constraints:
             scores = self.constraints(_no_context(scores), scores)
         if self.positional:

@@ -47,6 +47,7 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -132,6 +133,12 @@ class Kept:
 
 
 def causal(length: int, device) -> torch.BoolTensor:
+    """[length, length] lower-triangular True. Shared (cached per shape): read it, never write into it."""
+    return _causal(length, torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _causal(length: int, device: torch.device) -> torch.BoolTensor:
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
 
 
@@ -249,9 +256,8 @@ class SequenceDecoder:
 
     def _slot_positions(self, slots: list[int]) -> torch.LongTensor:
         """[n*k] original positions of the slots' tokens."""
-        k = self.settings.slot_size
-        starts = torch.tensor(slots, dtype=torch.long, device=self.device) * k + self.prompt_length
-        return (starts[:, None] + torch.arange(k, device=self.device)).flatten()
+        k, start = self.settings.slot_size, self.prompt_length
+        return torch.tensor([start + slot * k + j for slot in slots for j in range(k)], device=self.device)
 
     def _is_eos(self, tokens: torch.Tensor) -> torch.BoolTensor:
         return torch.isin(tokens, self.eos_ids)
@@ -702,6 +708,7 @@ class RaggedKVCache:
     COMPACT_SLACK = 32  # compact when the cache is more than twice as wide as its fullest row, and this much wider
 
     def __init__(self, config, batch_size: int, device):
+        self.config = config
         self.cache = DynamicCache(config=config)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
         self.tags: torch.LongTensor | None = None  # [B, T] pending entries' tags, -1 elsewhere; None: none pending
@@ -717,8 +724,8 @@ class RaggedKVCache:
             tags = self.tags[:, None, :]  # [B, 1, T]
             cached = cached | ((tags >= views[..., :1]) & (tags < views[..., 1:]))
         allowed = torch.cat([cached, visible], dim=-1)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+        mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(allowed, 0.0)[:, None]
 
     def keep_new_entries(self, spans: list[tuple[int, Kept]]) -> None:
         """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query,
@@ -726,8 +733,8 @@ class RaggedKVCache:
         kept entry (`DynamicCache.crop`); entries not kept are holes, masked by `valid`. No K/V is copied."""
         old = self.valid.shape[1]
         device = self.valid.device
-        starts = torch.tensor([start for start, _ in spans], dtype=torch.long, device=device)  # [B]
-        stops = starts + torch.tensor([kept.committed for _, kept in spans], dtype=torch.long, device=device)
+        bounds = [[start for start, _ in spans], [start + kept.committed for start, kept in spans]]
+        starts, stops = torch.tensor(bounds, dtype=torch.long, device=device)  # [B] each
         width = max((start + kept.extent for start, kept in spans), default=0)
         cut = self.cache.get_seq_length() - (old + width)
         if cut > 0:
@@ -791,6 +798,10 @@ class RaggedKVCache:
         return self.tags if self.tags is not None else torch.full(self.valid.shape, -1, device=self.valid.device)
 
     def select_rows(self, rows: list[int]) -> None:
+        if not rows:  # nothing left to decode: an empty cache (joining rows become the whole cache)
+            self.cache = DynamicCache(config=self.config)
+            self.valid, self.tags, self.lengths, self.pending = self.valid[:0, :0], None, [], []
+            return
         self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.valid.device))
         self.valid = self.valid[rows]
         self.lengths = [self.lengths[row] for row in rows]
@@ -828,11 +839,38 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     Layout per row: [context tokens, left-padded to the batch's widest context] + [scored tokens, right-padded].
     Returns logits [B, S, V] for the scored parts (S = widest scored part).
     """
-    device = kv.valid.device
-    batch_size = len(queries)
     context_width = max(q.num_context for q in queries)
     scored_width = max(q.num_scored for q in queries)
-    width = context_width + scored_width
+    if all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
+        input_ids, positions, visible, views = _stack_queries(queries)  # nothing to pad (always so at batch 1)
+    else:
+        input_ids, positions, visible, views = _pad_queries(queries, context_width, scored_width, pad_token_id)
+    output = model(
+        input_ids=input_ids,
+        position_ids=positions,
+        attention_mask=kv.attention_mask(visible, model.dtype, views),
+        cache=kv.cache,
+        use_cache=True,
+        logits_to_keep=scored_width,
+    )
+    return output.logits
+
+
+def _stack_queries(queries: list[Query]):
+    """Queries of one shape -> input_ids, positions [B, q], visible [B, q, q], views [B, q, 2] or None."""
+    views = None
+    if any(query.pending_view is not None for query in queries):
+        none = torch.zeros(queries[0].tokens.shape[0], 2, dtype=torch.long, device=queries[0].tokens.device)
+        views = torch.stack([none if q.pending_view is None else q.pending_view for q in queries])
+    fields = ([q.tokens for q in queries], [q.positions for q in queries], [q.visible for q in queries])
+    return (*(torch.stack(field) for field in fields), views)
+
+
+def _pad_queries(queries: list[Query], context_width: int, scored_width: int, pad_token_id: int):
+    """Queries of different shapes -> the same tensors as `_stack_queries`, each row's context left-padded to
+    `context_width` and its scored part right-padded to `scored_width`."""
+    device = queries[0].tokens.device
+    batch_size, width = len(queries), context_width + scored_width
     input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long, device=device)
     positions = torch.zeros(batch_size, width, dtype=torch.long, device=device)
     visible = torch.zeros(batch_size, width, width, dtype=torch.bool, device=device)
@@ -851,15 +889,7 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
             if query.pending_view is not None:
                 start = context_width - query.num_context
                 views[row, start : start + query.tokens.shape[0]] = query.pending_view
-    output = model(
-        input_ids=input_ids,
-        position_ids=positions,
-        attention_mask=kv.attention_mask(visible, model.dtype, views),
-        cache=kv.cache,
-        use_cache=True,
-        logits_to_keep=scored_width,
-    )
-    return output.logits
+    return input_ids, positions, visible, views
 
 
 def decode_batch(
