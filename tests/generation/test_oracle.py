@@ -9,6 +9,7 @@ forward passes: without it, the forward passes equal the reference's.
 import pytest
 import torch
 
+from refusion_hf.generation.refusion_decoder import SequenceDecoder
 from tests.oracle import MASK, expected, generate_kwargs, load_cases, mismatch
 
 CASES = load_cases()
@@ -47,6 +48,29 @@ def test_planning_ahead_changes_nothing_but_forward_passes(model64):
         assert ahead.num_forward_passes <= alone.num_forward_passes, case["id"]
         saved.append(alone.num_forward_passes - ahead.num_forward_passes)
     assert sum(saved) > 1000 and sum(s > 0 for s in saved) > 100, "the plans that rode along were used"
+
+
+def test_plans_that_cannot_hold_are_left_out_of_the_forward(model64, monkeypatch):
+    """A plan stays out of a verification forward only where it would be discarded whatever is accepted (a drafted
+    EOS ends the answer first): letting every such plan ride along saves no forward pass, only feeds more tokens."""
+    fed = []
+    query = SequenceDecoder.query
+    monkeypatch.setattr(SequenceDecoder, "query", lambda self: fed.append(q := query(self)) or q)
+
+    def run(case):
+        fed.clear()
+        _, out = decode(model64, case)
+        return out, sum(q.num_scored for q in fed)
+
+    results = [run(case) for case in CASES]
+    monkeypatch.setattr(SequenceDecoder, "_plan_cannot_hold", lambda self, slots: False)
+    saved = []
+    for case, (out, tokens) in zip(CASES, results):
+        forced, forced_tokens = run(case)
+        assert torch.equal(out.sequences, forced.sequences), case["id"]
+        assert out.num_forward_passes == forced.num_forward_passes, case["id"]
+        saved.append(forced_tokens - tokens)
+    assert min(saved) >= 0 and sum(s > 0 for s in saved) > 20, saved
 
 
 def test_the_public_set_exercises_every_branch():

@@ -21,7 +21,8 @@ and the pool is the one assumed, the next plan's inputs are the same as in a PLA
 entries in the same order, same masks at the same positions), so its logits are used and that forward is saved;
 otherwise they are discarded. Results do not change (up to float rounding of a differently shaped matmul); only
 forward passes are saved. The masks ride along only when that outcome is likely: every draft still to be
-verified was drafted with a probability above the token threshold (extra query tokens are not free on a CPU).
+verified was drafted with a probability above the token threshold (extra query tokens are not free on a CPU), and
+no draft to be verified is an EOS whose acceptance would drop the plan's slots (`_plan_cannot_hold`).
 
 `decode_batch` drives all sequences in lock step: every loop iteration asks each unfinished sequence for its
 next `Query` (tokens, original positions, which query tokens see which), runs ONE model forward for all of
@@ -170,6 +171,7 @@ class ChosenSlots:
     scores: torch.Tensor  # [n] probability of each slot's first draft at planning time
     draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
     confident: list[bool]  # per slot: every draft still to be verified was drafted above the token threshold
+    ends: list[bool]  # per slot: a draft still to be verified is an EOS (accepting it ends the answer)
     verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
     # Infill: per slot, how many of its leading tokens need not be fed again (their KV, computed with the slot
     # alone, is pending in the cache; after an EOS that ends the slot, k: nothing more to feed).
@@ -179,7 +181,7 @@ class ChosenSlots:
     def keep_first(self, n: int) -> None:
         """Drop every chosen slot after the first `n`."""
         self.slots, self.tokens, self.draft_probs = self.slots[:n], self.tokens[:n], self.draft_probs[:n]
-        self.verified, self.confident = self.verified[:n], self.confident[:n]
+        self.verified, self.confident, self.ends = self.verified[:n], self.confident[:n], self.ends[:n]
         self.cached, self.pending = self.cached[:n], self.pending[:n]
 
 
@@ -377,14 +379,26 @@ class SequenceDecoder:
         threshold (the always-accepted token of each slot aside); read on the host when the drafts were made."""
         return all(self.chosen.confident)
 
+    def _plan_cannot_hold(self, slots: list[int]) -> bool:
+        """Whether a plan of `slots` riding along this verification would be discarded whatever is accepted: a
+        draft to be verified is an EOS, and the plan is the next block's or has a slot after that EOS's slot. (The
+        plan holds only if the whole query is committed, EOS included; an accepted EOS drops every undecoded slot
+        after it and ends decoding with the current block.)"""
+        chosen = self.chosen
+        ending = [slot for slot, ends in zip(chosen.slots, chosen.ends) if ends]
+        if not ending:
+            return False
+        next_block = all(slot in chosen.slots for slot in self.pool)  # `_pool_after_commit` fell back to it
+        return next_block or max(slots) > ending[0]
+
     def _with_lookahead(self, query: Query) -> Query:
-        """Append the next plan's masks to a verification query (when planning ahead and the step will likely
-        commit everything): they see every query token and, causally, each other; the query's own tokens do
-        not see them. Verification queries carry no context, so query and scored indices coincide."""
+        """Append the next plan's masks to a verification query (when planning ahead, the step will likely commit
+        everything, and the plan could hold): they see every query token and, causally, each other; the query's
+        own tokens do not see them. Verification queries carry no context, so query and scored indices coincide."""
         if not self.settings.plan_ahead or not self._likely_to_commit_all():
             return query
         slots = self._pool_after_commit()
-        if not slots:
+        if not slots or self._plan_cannot_hold(slots):
             return query
         q = query.tokens.shape[0]
         masks = torch.full((len(slots) * self.settings.slot_size,), self.settings.mask_token_id, device=self.device)
@@ -461,9 +475,11 @@ class SequenceDecoder:
         draft_probs = self.policy.token_probs(scores, drafts.flatten()).view(-1, k)
         first = draft_probs[:, 0]  # [P] probability of each slot's first draft
         confident = (draft_probs[:, 1:] > settings.token_threshold).all(-1)  # [P]
-        # Which slots pass, which slots' later drafts would all pass verification's threshold (planning ahead
-        # reads that), and the best slot (taken when none passes).
-        read = torch.cat([(first > settings.slot_threshold).long(), confident.long(), first.argmax().view(1)])
+        ends = self._is_eos(drafts).any(-1)  # [P]
+        # Which slots pass, which slots' later drafts would all pass verification's threshold and which draft an
+        # EOS (planning ahead reads both), and the best slot (taken when none passes).
+        passes = (first > settings.slot_threshold).long()
+        read = torch.cat([passes, confident.long(), ends.long(), first.argmax().view(1)])
         return read, (drafts, draft_probs, first)
 
     def _decide_plan(self, payload, values: list[int]) -> Kept:
@@ -481,6 +497,7 @@ class SequenceDecoder:
             scores=first[picked],
             draft_probs=draft_probs[picked],
             confident=[bool(values[num_pool + i]) for i in picked],
+            ends=[bool(values[2 * num_pool + i]) for i in picked],
         )
         self.trace_chosen.append([slot * k for slot in self.chosen.slots])
         self.stage = Stage.VERIFY
@@ -536,15 +553,19 @@ class SequenceDecoder:
         if not self.settings.plan_ahead:  # only planning ahead reads the draft probabilities
             return torch.zeros(0, dtype=torch.long, device=self.device), None
         chosen.draft_probs[slot_index, offset_index] = self.policy.token_probs(scores, proposals)
-        # Per chosen slot: is every draft after its always-accepted token above the threshold?
-        arange = torch.arange(k, device=self.device)
-        pending = arange[None, :] > torch.tensor(chosen.verified, device=self.device)[:, None]
-        return ((chosen.draft_probs > self.settings.token_threshold) | ~pending).all(-1).long(), None
+        # Per chosen slot: is every draft after its always-accepted token above the threshold, and is any draft
+        # still to be verified (the always-accepted one included) an EOS?
+        verified = torch.tensor(chosen.verified, device=self.device)
+        offset = torch.arange(k, device=self.device)[None, :] - verified[:, None]  # [n, k]: 0 = first unverified
+        confident = ((chosen.draft_probs > self.settings.token_threshold) | (offset <= 0)).all(-1)  # [n]
+        ends = (self._is_eos(chosen.tokens) & (offset >= 0)).any(-1)  # [n]
+        return torch.cat([confident, ends]).long(), None
 
     def _decide_infill_draft(self, _payload, values: list[int]) -> Kept:
         k, chosen = self.settings.slot_size, self.chosen
         if self.settings.plan_ahead:
-            self.chosen.confident = [bool(value) for value in values]
+            n = len(chosen.slots)
+            chosen.confident, chosen.ends = [bool(v) for v in values[:n]], [bool(v) for v in values[n:]]
         # The verified tokens this query fed (before each slot's masks) stay in the cache, pending for their slot.
         runs = []
         for offset, _, i in self._feed.segments:
