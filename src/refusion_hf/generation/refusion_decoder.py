@@ -52,6 +52,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache, StoppingCriteriaList
 
 from .draft_policy import DraftPolicy
@@ -803,12 +804,9 @@ class RaggedKVCache:
             for name in ("keys", "values"):
                 merged = [_pad_entries(getattr(layer, name), width) for layer in (mine, theirs)]
                 setattr(mine, name, torch.cat(merged, dim=0))
-        pad = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
+        pad = [F.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
         if self.tags is not None or other.tags is not None:
-            tags = [
-                torch.nn.functional.pad(c.pending_tags(), (0, width - c.valid.shape[1]), value=-1)
-                for c in (self, other)
-            ]
+            tags = [F.pad(c.pending_tags(), (0, width - c.valid.shape[1]), value=-1) for c in (self, other)]
             self.tags = torch.cat(tags, dim=0)
         self.valid = torch.cat(pad, dim=0)
         self.lengths = self.lengths + other.lengths
@@ -851,7 +849,7 @@ class RaggedKVCache:
 
 def _pad_entries(tensor: torch.Tensor, width: int) -> torch.Tensor:
     """[B, H, T, D] -> [B, H, width, D], zeros after the T entries (holes)."""
-    return torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[2]))
+    return F.pad(tensor, (0, 0, 0, width - tensor.shape[2]))
 
 
 def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id: int) -> torch.Tensor:
@@ -889,27 +887,20 @@ def _stack_queries(queries: list[Query]):
 
 def _pad_queries(queries: list[Query], context_width: int, scored_width: int, pad_token_id: int):
     """Queries of different shapes -> the same tensors as `_stack_queries`, each row's context left-padded to
-    `context_width` and its scored part right-padded to `scored_width`."""
-    device = queries[0].tokens.device
-    batch_size, width = len(queries), context_width + scored_width
-    input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long, device=device)
-    positions = torch.zeros(batch_size, width, dtype=torch.long, device=device)
-    visible = torch.zeros(batch_size, width, width, dtype=torch.bool, device=device)
-    for row, query in enumerate(queries):
-        start = context_width - query.num_context
-        span = slice(start, start + query.tokens.shape[0])
-        input_ids[row, span] = query.tokens
-        positions[row, span] = query.positions
-        visible[row, span, span] = query.visible
+    `context_width` and its scored part right-padded to `scored_width` (one pad per row and tensor, one stack)."""
+    pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
+    input_ids = torch.stack([F.pad(q.tokens, pad, value=pad_token_id) for q, pad in zip(queries, pads)])
+    positions = torch.stack([F.pad(q.positions, pad) for q, pad in zip(queries, pads)])
+    visible = torch.stack([F.pad(q.visible, pad + pad) for q, pad in zip(queries, pads)])
     # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
-    visible |= torch.eye(width, dtype=torch.bool, device=device)[None] & ~visible.any(-1, keepdim=True)
+    width = context_width + scored_width
+    visible |= torch.eye(width, dtype=torch.bool, device=visible.device)[None] & ~visible.any(-1, keepdim=True)
     views = None  # [B, width, 2]: which pending infill entries each query token sees (default: none)
     if any(query.pending_view is not None for query in queries):
-        views = torch.zeros(batch_size, width, 2, dtype=torch.long, device=device)
-        for row, query in enumerate(queries):
-            if query.pending_view is not None:
-                start = context_width - query.num_context
-                views[row, start : start + query.tokens.shape[0]] = query.pending_view
+        none = torch.zeros(width, 2, dtype=torch.long, device=visible.device)
+        views = torch.stack(
+            [none if q.pending_view is None else F.pad(q.pending_view, (0, 0) + pad) for q, pad in zip(queries, pads)]
+        )
     return input_ids, positions, visible, views
 
 
