@@ -26,9 +26,10 @@ no draft to be verified is an EOS whose acceptance would drop the plan's slots (
 
 `decode_batch` drives all sequences in lock step: every loop iteration asks each unfinished sequence for its
 next `Query` (tokens, original positions, which query tokens see which), runs ONE model forward for all of
-them on top of one shared KV cache, and hands each sequence its logits. Each sequence examines them on the device
-(`examine`: drafts, confidences, accepted prefixes, as one small tensor of decision values), every row's values
-are read to the host in ONE transfer, and each sequence decides (`decide`). A sequence answers with the query
+them on top of one shared KV cache, and examines the logits on the device (`examine_rows`: drafts,
+confidences, accepted prefixes, as small tensors of decision values; the plans of one width, and the verifications
+of one width, of all rows in one batched op each, infill row by row), every row's values are read to the host in
+ONE transfer, and each sequence decides (`decide`). A sequence answers with the query
 tokens it commits (and, during infill, the tokens it keeps pending); their KV entries are kept, everything else
 the forward appended is dropped. So the cache holds exactly the committed tokens (prompt first, then commit
 order) plus the pending infill prefixes, rows are ragged (a validity mask says which entries each row may attend
@@ -52,6 +53,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache, StoppingCriteriaList
 
 from .draft_policy import DraftPolicy
@@ -208,14 +210,35 @@ class Lookahead:
 
 @dataclass
 class Examined:
-    """What `SequenceDecoder.examine` left for `decide`: how many values are the stage's own, the stage's device
-    results, and the plan that rode along (its logits, and its examined results when drafts are greedy)."""
+    """What examining left for `decide`: the plan that rode along (its logits when drafts are sampled: drawn only
+    if it holds), how many values are the stage's own, the stage's device results, and those of the plan."""
 
-    size: int
-    payload: object
     lookahead: Lookahead | None
     ahead_logits: torch.Tensor | None
-    ahead: tuple | None
+    size: int = 0
+    payload: object = None
+    ahead_payload: object = None
+
+
+@dataclass
+class ExaminedPart:
+    """A run of one row's logits that one stage examines: `width` rows from `start` (the stage's own logits, or
+    a plan riding along after them), and, once examined, its device results and where its values lie."""
+
+    decoder: SequenceDecoder
+    row: int  # in the forward's batch
+    stage: Stage
+    start: int
+    width: int
+    pool: list[int]  # plans: the slots planned
+    ahead: bool = False  # a plan riding along a verification
+
+    def group_key(self) -> tuple:
+        """Parts with equal keys are examined in one batched op: plans and verifications of one width. Sampled
+        plans draw one at a time (the random generator is consumed in row order, as alone); infill layouts are
+        each row's own."""
+        batched = self.stage is Stage.VERIFY or (self.stage is Stage.PLAN and not self.decoder.policy.samples)
+        return (self.stage, self.width) if batched else (self.stage, self.width, self.row)
 
 
 class SequenceDecoder:
@@ -249,7 +272,7 @@ class SequenceDecoder:
         self.chosen: ChosenSlots | None = None
         self.lookahead: Lookahead | None = None  # set by `query` when the next plan rides along
         self._feed: InfillFeed | None = None  # set by `query` in the infill stages
-        self._examined: Examined | None = None  # between `examine` and `decide`
+        self._examined: Examined | None = None  # between `examine_parts` and `decide`
 
     # ----------------------------------------------------------------------------------------- helpers
     def _block_slots(self, block: int) -> list[int]:
@@ -269,11 +292,6 @@ class SequenceDecoder:
         predicts (only called when a positional constraint needs it: off the hot path otherwise)."""
         offsets = predicted_positions() - self.prompt_length if self.policy.positional else None
         return self.policy.scores(logits, offsets)
-
-    @staticmethod
-    def _next_positions(positions: torch.LongTensor) -> torch.LongTensor:
-        """For autoregressive logits (row j scores token j + 1 of the query): the position each row predicts."""
-        return torch.cat([positions[1:], positions[-1:] + 1])
 
     @property
     def answer_length(self) -> int:
@@ -423,31 +441,32 @@ class SequenceDecoder:
         return 0 if self.context is None else self.context.shape[0]
 
     # ----------------------------------------------------------------------------------------- advance
-    # Each stage is two halves: `_examine_*` does the device work on the forward's logits and returns what the
-    # decision needs as one 1-D long tensor (nothing is read yet); `_decide_*` takes those values, read on the
-    # host, and updates the state. `decode_batch` reads every row's tensor in ONE device-to-host transfer per
-    # forward; `advance` does both halves for one sequence.
-    def examine(self, logits: torch.Tensor) -> torch.LongTensor:
-        """Device half of consuming this sequence's logits of the last forward ([num_scored, V]); returns the
-        values `decide` needs (1-D, long). With a plan riding along, its decisions are examined too."""
+    # Each stage is two halves: the examine half does the device work on the forward's logits and returns what the
+    # decision needs as long tensors (nothing is read yet); `_decide_*` takes those values, read on the host, and
+    # updates the state. `examine_rows` examines the rows of one stage and shape together and reads every row's
+    # values in ONE device-to-host transfer per forward.
+    def examine_parts(self, row: int, logits: torch.Tensor, num_scored: int) -> list[ExaminedPart]:
+        """What of row `row` of this forward's logits ([B, S, V], `num_scored` of them this sequence's) is to be
+        examined: the stage's own logits and, with a plan riding along, that plan's."""
         self.forward_passes += 1
         lookahead, self.lookahead = self.lookahead, None
+        own = num_scored if lookahead is None else lookahead.after
+        parts = [ExaminedPart(self, row, self.stage, 0, own, self.pool)]
         ahead_logits = None
         if lookahead is not None:
-            logits, ahead_logits = logits[: lookahead.after], logits[lookahead.after :]
-        read, payload = getattr(self, f"_examine_{self.stage.value}")(logits)
-        # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
-        # would consume the random generator even when the plan is then discarded, so a sampled plan is drawn in
-        # `decide`, only once it is known to hold (one more host read, for that row).
-        ahead = None
-        if ahead_logits is not None and not self.policy.samples:
-            ahead = self._examine_plan(ahead_logits, lookahead.slots)
-        self._examined = Examined(read.shape[0], payload, lookahead, ahead_logits, ahead)
-        return read if ahead is None else torch.cat([read, ahead[0]])
+            # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
+            # would consume the random generator even when the plan is then discarded, so a sampled plan is drawn
+            # in `decide`, only once it is known to hold (one more host read, for that row).
+            if self.policy.samples:
+                ahead_logits = logits[row, own:num_scored]
+            else:
+                parts.append(ExaminedPart(self, row, Stage.PLAN, own, num_scored - own, lookahead.slots, ahead=True))
+        self._examined = Examined(lookahead, ahead_logits)
+        return parts
 
     def decide(self, values: list[int]) -> Kept:
-        """Host half: apply the values `examine` returned (read on the host); return what of the query keeps its
-        KV in the cache."""
+        """Host half: apply the values examined for this sequence (read on the host; the stage's own, then those
+        of a plan that rode along); return what of the query keeps its KV in the cache."""
         examined, self._examined = self._examined, None
         kept = getattr(self, f"_decide_{self.stage.value}")(examined.payload, values[: examined.size])
         # Verification stages commit a prefix of their query. The plan that rode along holds when that prefix is
@@ -455,32 +474,13 @@ class SequenceDecoder:
         lookahead = examined.lookahead
         holds = lookahead is not None and kept.committed == lookahead.after and self.pool == lookahead.slots
         if holds and self.stage is Stage.PLAN:
-            if examined.ahead is None:  # sampled: drawn now that it holds
-                read, payload = self._examine_plan(examined.ahead_logits)
-                ahead_values = read.tolist()
+            if examined.ahead_logits is not None:  # sampled: drawn now that it holds
+                read, payloads = examine_plans([self], examined.ahead_logits[None], [self.pool])
+                payload, ahead_values = payloads[0], read[0].tolist()
             else:
-                (_, payload), ahead_values = examined.ahead, values[examined.size :]
+                payload, ahead_values = examined.ahead_payload, values[examined.size :]
             self._decide_plan(payload, ahead_values)  # no context here: it keeps nothing
         return kept
-
-    def advance(self, logits: torch.Tensor) -> Kept:
-        """`examine` and `decide` for this sequence alone (one host read)."""
-        return self.decide(self.examine(logits).tolist())
-
-    def _examine_plan(self, logits: torch.Tensor, pool: list[int] | None = None):
-        pool = self.pool if pool is None else pool
-        k, settings = self.settings.slot_size, self.settings
-        scores = self._scores(logits, lambda: self._slot_positions(pool))  # a mask predicts itself
-        drafts = self.policy.draw(scores).view(-1, k)  # [P, k] (P = len(pool))
-        draft_probs = self.policy.token_probs(scores, drafts.flatten()).view(-1, k)
-        first = draft_probs[:, 0]  # [P] probability of each slot's first draft
-        confident = (draft_probs[:, 1:] > settings.token_threshold).all(-1)  # [P]
-        ends = self._is_eos(drafts).any(-1)  # [P]
-        # Which slots pass, which slots' later drafts would all pass verification's threshold and which draft an
-        # EOS (planning ahead reads both), and the best slot (taken when none passes).
-        passes = (first > settings.slot_threshold).long()
-        read = torch.cat([passes, confident.long(), ends.long(), first.argmax().view(1)])
-        return read, (drafts, draft_probs, first)
 
     def _decide_plan(self, payload, values: list[int]) -> Kept:
         drafts, draft_probs, first = payload
@@ -502,21 +502,6 @@ class SequenceDecoder:
         self.trace_chosen.append([slot * k for slot in self.chosen.slots])
         self.stage = Stage.VERIFY
         return Kept(num_context)
-
-    def _examine_verify(self, logits: torch.Tensor):
-        k, chosen = self.settings.slot_size, self.chosen
-        n = len(chosen.slots)
-        flat = chosen.tokens.flatten()  # [n*k]
-        scores = self._scores(logits, lambda: self._next_positions(self._slot_positions(chosen.slots)))
-        confidence = next_token_probs(scores, flat).view(n, k)
-        confidence[:, 0] = chosen.scores  # a slot's first token keeps its planning score
-        accepted = confidence > self.settings.token_threshold
-        accepted[:, 0] = True  # ... and is always accepted
-        prefix = prefix_length(accepted.flatten())  # the longest accepted prefix of the concatenation
-        position = torch.arange(n * k, device=self.device)
-        eos_in_prefix = first_true(self._is_eos(flat) & (position < prefix))
-        # The global prefix, its first EOS (n*k: none), and each slot's own accepted prefix.
-        return torch.cat([prefix.view(1), eos_in_prefix.view(1), prefix_length(accepted)]), flat
 
     def _decide_verify(self, flat: torch.LongTensor, values: list[int]) -> Kept:
         k, chosen = self.settings.slot_size, self.chosen
@@ -673,6 +658,112 @@ class SequenceDecoder:
         return kept
 
 
+def examine_rows(decoders: list[SequenceDecoder], logits: torch.Tensor, num_scored: list[int]) -> list[list[int]]:
+    """The device half of every row's step on one forward's logits [B, S, V] (row b's first `num_scored[b]`),
+    the rows of one stage and width examined together, and every row's decision values read to the host in ONE
+    transfer. Returns each row's values (its stage's, then those of a plan that rode along)."""
+    groups: dict[tuple, list[ExaminedPart]] = {}
+    for row, (decoder, width) in enumerate(zip(decoders, num_scored)):
+        for part in decoder.examine_parts(row, logits, width):
+            groups.setdefault(part.group_key(), []).append(part)
+    reads = []  # one [R, m] tensor per group
+    for parts in groups.values():
+        read, payloads = _examine_group(parts, _gather_logits(logits, parts))
+        reads.append(read)
+        for part, payload in zip(parts, payloads):
+            examined = part.decoder._examined
+            if part.ahead:
+                examined.ahead_payload = payload
+            else:
+                examined.payload, examined.size = payload, read.shape[1]
+    flat = torch.cat([read.flatten() for read in reads]).tolist() if any(read.numel() for read in reads) else []
+    own: list[list[int]] = [[] for _ in decoders]
+    ahead: list[list[int]] = [[] for _ in decoders]
+    offset = 0
+    for read, parts in zip(reads, groups.values()):
+        width = read.shape[1]
+        for part in parts:
+            (ahead if part.ahead else own)[part.row] = flat[offset : offset + width]
+            offset += width
+    return [mine + theirs for mine, theirs in zip(own, ahead)]
+
+
+def _gather_logits(logits: torch.Tensor, parts: list[ExaminedPart]) -> torch.Tensor:
+    """The parts' logits rows, [R, width, V]."""
+    width = parts[0].width
+    if len(parts) == 1:
+        part = parts[0]
+        return logits[part.row : part.row + 1, part.start : part.start + width]
+    rows = torch.tensor([part.row for part in parts], device=logits.device)
+    if all(part.start == parts[0].start for part in parts):
+        return logits[rows, parts[0].start : parts[0].start + width]
+    columns = torch.tensor([range(part.start, part.start + width) for part in parts], device=logits.device)
+    return logits[rows[:, None], columns]
+
+
+def _examine_group(parts: list[ExaminedPart], logits: torch.Tensor) -> tuple[torch.LongTensor, list]:
+    decoders = [part.decoder for part in parts]
+    stage = parts[0].stage
+    if stage is Stage.PLAN:
+        return examine_plans(decoders, logits, [part.pool for part in parts])
+    if stage is Stage.VERIFY:
+        return examine_verifications(decoders, logits)
+    read, payload = getattr(decoders[0], f"_examine_{stage.value}")(logits[0])  # infill: one row
+    return read[None], [payload]
+
+
+def _constrained_scores(policy: DraftPolicy, logits: torch.Tensor, offsets) -> torch.Tensor:
+    """logits [R, W, V] -> constrained scores [R * W, V]; `offsets()` gives the answer offset each logits row
+    predicts (a host list; only called when a positional constraint needs it: off the hot path otherwise)."""
+    offsets = torch.tensor(offsets(), device=logits.device) if policy.positional else None
+    return policy.scores(logits.flatten(0, 1), offsets)
+
+
+def examine_plans(decoders: list[SequenceDecoder], logits: torch.Tensor, pools: list[list[int]]):
+    """Plans of R sequences (pools of P slots each; logits [R, P*k, V], a mask predicts itself) -> the values
+    [R, 3P + 1] (per slot: passes the slot threshold; its later drafts all pass the token threshold; it drafts an
+    EOS; then the best slot) and each row's (drafts [P, k], draft probabilities [P, k], first-token scores [P])."""
+    settings, policy = decoders[0].settings, decoders[0].policy
+    k, rows = settings.slot_size, len(decoders)
+    scores = _constrained_scores(policy, logits, lambda: [s * k + j for pool in pools for s in pool for j in range(k)])
+    drafts = policy.draw(scores).view(rows, -1, k)  # [R, P, k]
+    draft_probs = policy.token_probs(scores, drafts.flatten()).view(rows, -1, k)
+    first = draft_probs[..., 0]  # [R, P] probability of each slot's first draft
+    confident = (draft_probs[..., 1:] > settings.token_threshold).all(-1)  # [R, P]
+    ends = decoders[0]._is_eos(drafts).any(-1)  # [R, P]
+    passes = first > settings.slot_threshold
+    read = torch.cat([passes.long(), confident.long(), ends.long(), first.argmax(-1, keepdim=True)], dim=-1)
+    return read, list(zip(drafts.unbind(), draft_probs.unbind(), first.unbind()))
+
+
+def examine_verifications(decoders: list[SequenceDecoder], logits: torch.Tensor):
+    """Verifications of R sequences (n chosen slots each, drafts concatenated in position order; logits
+    [R, n*k, V], row j scoring token j + 1) -> the values [R, 2 + n] (the longest accepted prefix of the
+    concatenation, its first EOS (n*k: none), each slot's own accepted prefix) and each row's drafts [n*k]."""
+    settings, policy = decoders[0].settings, decoders[0].policy
+    k, rows = settings.slot_size, len(decoders)
+    flat = torch.stack([decoder.chosen.tokens.flatten() for decoder in decoders])  # [R, n*k]
+    n = flat.shape[1] // k
+
+    def offsets() -> list[int]:
+        predicted = []
+        for decoder in decoders:
+            own = [slot * k + j for slot in decoder.chosen.slots for j in range(k)]
+            predicted += own[1:] + [own[-1] + 1]
+        return predicted
+
+    scores = _constrained_scores(policy, logits, offsets).view(rows, n * k, -1)
+    confidence = next_token_probs(scores, flat).view(rows, n, k)
+    confidence[..., 0] = torch.stack([decoder.chosen.scores for decoder in decoders])  # first tokens keep their
+    accepted = confidence > settings.token_threshold  # planning score ...
+    accepted[..., 0] = True  # ... and are always accepted
+    prefix = prefix_length(accepted.flatten(1))  # [R] the longest accepted prefix of each concatenation
+    position = torch.arange(n * k, device=flat.device)
+    eos_in_prefix = first_true(decoders[0]._is_eos(flat) & (position < prefix[:, None]))  # [R]
+    read = torch.cat([prefix[:, None], eos_in_prefix[:, None], prefix_length(accepted)], dim=-1)
+    return read, list(flat.unbind())
+
+
 class PrefixStopping:
     """Stopping criteria applied to the final left-to-right prefix of every row, as stock `generate` applies them.
 
@@ -803,12 +894,9 @@ class RaggedKVCache:
             for name in ("keys", "values"):
                 merged = [_pad_entries(getattr(layer, name), width) for layer in (mine, theirs)]
                 setattr(mine, name, torch.cat(merged, dim=0))
-        pad = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
+        pad = [F.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
         if self.tags is not None or other.tags is not None:
-            tags = [
-                torch.nn.functional.pad(c.pending_tags(), (0, width - c.valid.shape[1]), value=-1)
-                for c in (self, other)
-            ]
+            tags = [F.pad(c.pending_tags(), (0, width - c.valid.shape[1]), value=-1) for c in (self, other)]
             self.tags = torch.cat(tags, dim=0)
         self.valid = torch.cat(pad, dim=0)
         self.lengths = self.lengths + other.lengths
@@ -851,7 +939,7 @@ class RaggedKVCache:
 
 def _pad_entries(tensor: torch.Tensor, width: int) -> torch.Tensor:
     """[B, H, T, D] -> [B, H, width, D], zeros after the T entries (holes)."""
-    return torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[2]))
+    return F.pad(tensor, (0, 0, 0, width - tensor.shape[2]))
 
 
 def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id: int) -> torch.Tensor:
@@ -889,27 +977,20 @@ def _stack_queries(queries: list[Query]):
 
 def _pad_queries(queries: list[Query], context_width: int, scored_width: int, pad_token_id: int):
     """Queries of different shapes -> the same tensors as `_stack_queries`, each row's context left-padded to
-    `context_width` and its scored part right-padded to `scored_width`."""
-    device = queries[0].tokens.device
-    batch_size, width = len(queries), context_width + scored_width
-    input_ids = torch.full((batch_size, width), pad_token_id, dtype=torch.long, device=device)
-    positions = torch.zeros(batch_size, width, dtype=torch.long, device=device)
-    visible = torch.zeros(batch_size, width, width, dtype=torch.bool, device=device)
-    for row, query in enumerate(queries):
-        start = context_width - query.num_context
-        span = slice(start, start + query.tokens.shape[0])
-        input_ids[row, span] = query.tokens
-        positions[row, span] = query.positions
-        visible[row, span, span] = query.visible
+    `context_width` and its scored part right-padded to `scored_width` (one pad per row and tensor, one stack)."""
+    pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
+    input_ids = torch.stack([F.pad(q.tokens, pad, value=pad_token_id) for q, pad in zip(queries, pads)])
+    positions = torch.stack([F.pad(q.positions, pad) for q, pad in zip(queries, pads)])
+    visible = torch.stack([F.pad(q.visible, pad + pad) for q, pad in zip(queries, pads)])
     # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
-    visible |= torch.eye(width, dtype=torch.bool, device=device)[None] & ~visible.any(-1, keepdim=True)
+    width = context_width + scored_width
+    visible |= torch.eye(width, dtype=torch.bool, device=visible.device)[None] & ~visible.any(-1, keepdim=True)
     views = None  # [B, width, 2]: which pending infill entries each query token sees (default: none)
     if any(query.pending_view is not None for query in queries):
-        views = torch.zeros(batch_size, width, 2, dtype=torch.long, device=device)
-        for row, query in enumerate(queries):
-            if query.pending_view is not None:
-                start = context_width - query.num_context
-                views[row, start : start + query.tokens.shape[0]] = query.pending_view
+        none = torch.zeros(width, 2, dtype=torch.long, device=visible.device)
+        views = torch.stack(
+            [none if q.pending_view is None else F.pad(q.pending_view, (0, 0) + pad) for q, pad in zip(queries, pads)]
+        )
     return input_ids, positions, visible, views
 
 
@@ -952,18 +1033,14 @@ def decode_batch(
 
     def step(rows: list[int], cache: RaggedKVCache) -> None:
         """One forward for `rows` on `cache`; each row advances and keeps its committed prefix."""
-        queries = [sequences[row].query() for row in rows]
+        decoders = [sequences[row] for row in rows]
+        queries = [decoder.query() for decoder in decoders]
         logits = forward(model, cache, queries, pad_token_id)
         context_width = max(q.num_context for q in queries)
-        reads = [
-            sequences[row].examine(logits[slot, : q.num_scored]) for slot, (row, q) in enumerate(zip(rows, queries))
-        ]
-        # The step's one device-to-host transfer: every row's decisions at once.
-        values = torch.cat(reads).tolist() if sum(read.shape[0] for read in reads) else []
-        spans, offset = [], 0
-        for row, query, read in zip(rows, queries, reads):
-            kept = sequences[row].decide(values[offset : offset + read.shape[0]])
-            offset += read.shape[0]
+        values = examine_rows(decoders, logits, [q.num_scored for q in queries])  # one device-to-host transfer
+        spans = []
+        for decoder, query, row_values in zip(decoders, queries, values):
+            kept = decoder.decide(row_values)
             # The row's query starts after its left padding in this forward's new cache segment.
             spans.append((context_width - query.num_context, kept))
         cache.keep_new_entries(spans)
