@@ -1,4 +1,4 @@
-"""Smoke test of the GPU-readiness benchmark at its CPU shape (the real run needs a GPU; see its docstring)."""
+"""Smoke tests of the benchmarks at tiny sizes (the GPU-readiness one at its CPU shape; the real run needs a GPU)."""
 
 import json
 import subprocess
@@ -42,6 +42,18 @@ def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
         assert stream["prompts"] == 3 and stream["continuous"]["rows_active_per_forward"] <= 2
     # float32 is batch-invariant (bfloat16 may flip a near tie when the batch's composition changes)
     assert results["continuous_batching"]["float32"]["2"]["same_answers"] == 3
+
+
+def test_decoder_ab_compares_against_a_commit_with_identical_tokens(tmp_path):
+    """The A/B of this checkout's decoder against a commit's (here HEAD's, the one commit a clone surely has)."""
+    out = tmp_path / "decoder_ab.json"
+    command = [sys.executable, "decoder_ab.py", "--baseline", "HEAD", "--prompts", "2", "--batch-sizes", "1,2",
+               "--repeats", "1", "--max-new-tokens", "16", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["batch_size"] for row in rows] == [1, 2]
+    assert all(row["baseline_over_current_wall_time"] > 0 for row in rows)
 
 
 def test_heldout_comparison_runs_end_to_end_on_the_fixture(tmp_path):
