@@ -2,7 +2,8 @@
 same weights; one process, interleaved, writes JSON.
 
 For the embedded model (its decoding defaults, synthetic test prompts through the chat template) and a random
-512-wide, 8-layer Qwen3 (256-token random prompts, 128 new tokens, slot 8, thresholds 0.0 / 0.5), per batch size:
+512-wide, 8-layer Qwen3 (`--wide-prompts` random 256-token prompts, 128 new tokens, slot 8, thresholds 0.0 / 0.5,
+each batch timed once), per batch size:
 
 * tokens/s of `generate()` with ReFusion and with `decoding="autoregressive"` (greedy, same prompts), and their
   ratio; each batch is decoded `--repeats` times per decoding, interleaved, and timed by its fastest run;
@@ -273,8 +274,8 @@ def embedded_prompts(tokenizer, n: int, seed: int) -> list[torch.Tensor]:
     return [torch.tensor(prompt_ids(tokenizer, p.prompt)) for p in problems]
 
 
-def wide_model_and_prompts():
-    """The random 512-wide, 8-layer Qwen3 (float32), its 4 random 256-token prompts and decoding knobs."""
+def wide_model_and_prompts(n: int = 4):
+    """The random 512-wide, 8-layer Qwen3 (float32), `n` random 256-token prompts and its decoding knobs."""
     torch.manual_seed(0)
     config = RefusionConfig(
         vocab_size=4096,
@@ -291,7 +292,7 @@ def wide_model_and_prompts():
     )
     model = RefusionForCausalLM(config).eval()
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 1
-    prompts = [torch.randint(4, 4096, (256,)) for _ in range(4)]
+    prompts = [torch.randint(4, 4096, (256,)) for _ in range(n)]
     kwargs = dict(max_new_tokens=128, slot_size=8, block_size=64, slot_threshold=0.0, token_threshold=0.5)
     return model, prompts, kwargs
 
@@ -305,6 +306,7 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=64, help="embedded model: prompts of the continuous stream")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-wide", action="store_true", help="leave out the 512-wide random model")
+    parser.add_argument("--wide-prompts", type=int, default=16, help="512-wide model: prompts per batch size")
     parser.add_argument("--counts-only", action="store_true", help="count host reads and query shapes (no timing)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -341,11 +343,12 @@ def main() -> None:
             }
             print(name, results["continuous_batching"][name], flush=True)
         if not args.skip_wide:
-            model, wide_prompts, kwargs = wide_model_and_prompts()
+            model, wide_prompts, kwargs = wide_model_and_prompts(args.wide_prompts)
+            wide_batches = [b for b in batch_sizes if b <= args.wide_prompts]
             for dtype in (torch.bfloat16, torch.float32):
                 model = model.to(dtype)
                 name = str(dtype).removeprefix("torch.")
-                results["wide_512x8"][name] = {b: measure(model, wide_prompts, b, kwargs, 1) for b in (1, 4)}
+                results["wide_512x8"][name] = {b: measure(model, wide_prompts, b, kwargs, 1) for b in wide_batches}
                 print(name, results["wide_512x8"][name], flush=True)
     write_results(results, args.out)
 
