@@ -22,6 +22,7 @@ import torch
 from decoder_profile import embedded_prompts, left_pad
 from results_file import write_results
 
+from refusion_hf.command_inputs import positive_int
 from refusion_hf.generation import refusion_decoder, refusion_generate
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 
@@ -35,38 +36,42 @@ def baseline_decoder(commit: str, folder: Path):
     package.mkdir()
     (package / "__init__.py").write_text("")
     for name in BUNDLE:
-        source = subprocess.run(
-            ["git", "show", f"{commit}:src/refusion_hf/generation/{name}"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        (package / name).write_text(source)
+        shown = subprocess.run(
+            ["git", "show", f"{commit}:src/refusion_hf/generation/{name}"], cwd=ROOT, capture_output=True, text=True
+        )
+        if shown.returncode != 0:
+            reason = (shown.stderr.strip().splitlines() or ["git show failed"])[0]
+            raise SystemExit(f"--baseline {commit}: git cannot show its {name}: {reason}")
+        (package / name).write_text(shown.stdout)
     sys.path.insert(0, str(folder))
     return importlib.import_module("baseline_decoder.refusion_decoder")
+
+
+def batch_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1."""
+    return [positive_int(part) for part in text.split(",")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="a commit (or anything `git show` takes)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batch-sizes", default="1,4,16")
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-sizes", type=batch_sizes, default=[1, 4, 16])
+    parser.add_argument("--prompts", type=positive_int, default=32)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoder_ab.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=args.dtype)
-    prompts = embedded_prompts(tokenizer, args.prompts, seed=0)
-    pad = model.generation_config.pad_token_id or 0
     with tempfile.TemporaryDirectory() as folder:
         decoders = {"baseline": baseline_decoder(args.baseline, Path(folder)), "current": refusion_decoder}
+        model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=args.dtype)
+        prompts = embedded_prompts(tokenizer, args.prompts, seed=0)
+        pad = model.generation_config.pad_token_id or 0
         rows = []
         try:
-            for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            for batch_size in args.batch_sizes:
                 batches = [left_pad(prompts[i : i + batch_size], pad) for i in range(0, len(prompts), batch_size)]
                 seconds = dict.fromkeys(decoders, 0.0)
                 for index, (ids, mask) in enumerate(batches):

@@ -38,6 +38,7 @@ import torch
 from results_file import write_results
 
 from refusion_hf import RefusionConfig, RefusionForCausalLM
+from refusion_hf.command_inputs import positive_int
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.generation import refusion_decoder
 from refusion_hf.generation.refusion_generate import (
@@ -306,7 +307,7 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=64, help="embedded model: prompts of the continuous stream")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-wide", action="store_true", help="leave out the 512-wide random model")
-    parser.add_argument("--wide-prompts", type=int, default=16, help="512-wide model: prompts per batch size")
+    parser.add_argument("--wide-prompts", type=positive_int, default=16, help="512-wide model: prompts per batch size")
     parser.add_argument("--counts-only", action="store_true", help="count host reads and query shapes (no timing)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

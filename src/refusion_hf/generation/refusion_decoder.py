@@ -135,14 +135,15 @@ class Kept:
         return max([self.committed] + [offset + length for offset, length, _ in self.pending])
 
 
-def causal(length: int, device) -> torch.BoolTensor:
-    """[length, length] lower-triangular True. Shared (cached per shape): read it, never write into it."""
-    return _causal(length, torch.device(device))
-
-
 @functools.lru_cache(maxsize=64)
-def _causal(length: int, device: torch.device) -> torch.BoolTensor:
+def causal(length: int, device: torch.device) -> torch.BoolTensor:
+    """[length, length] lower-triangular True. Shared (cached per shape): read it, never write into it."""
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def slot_offsets(slots: list[int], k: int) -> list[int]:
+    """Answer offsets (position minus prompt length) of the slots' tokens, slot after slot (host list)."""
+    return [slot * k + j for slot in slots for j in range(k)]
 
 
 def next_token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
@@ -222,15 +223,15 @@ class Examined:
 
 @dataclass
 class ExaminedPart:
-    """A run of one row's logits that one stage examines: `width` rows from `start` (the stage's own logits, or
-    a plan riding along after them), and, once examined, its device results and where its values lie."""
+    """A run of one row's logits that one stage examines: `width` logits rows from `start` (the stage's own
+    logits, or a plan riding along after them)."""
 
     decoder: SequenceDecoder
     row: int  # in the forward's batch
     stage: Stage
     start: int
     width: int
-    pool: list[int]  # plans: the slots planned
+    pool: list[int] | None  # plans: the slots planned (None otherwise)
     ahead: bool = False  # a plan riding along a verification
 
     def group_key(self) -> tuple:
@@ -281,8 +282,8 @@ class SequenceDecoder:
 
     def _slot_positions(self, slots: list[int]) -> torch.LongTensor:
         """[n*k] original positions of the slots' tokens."""
-        k, start = self.settings.slot_size, self.prompt_length
-        return torch.tensor([start + slot * k + j for slot in slots for j in range(k)], device=self.device)
+        offsets = slot_offsets(slots, self.settings.slot_size)
+        return torch.tensor([self.prompt_length + offset for offset in offsets], device=self.device)
 
     def _is_eos(self, tokens: torch.Tensor) -> torch.BoolTensor:
         return torch.isin(tokens, self.eos_ids)
@@ -387,10 +388,14 @@ class SequenceDecoder:
             return []
         return self._block_slots(self.block + 1)
 
+    def _undecoded_after_commit(self) -> list[int]:
+        """The current block's slots still undecoded if this iteration commits every chosen slot."""
+        chosen = set(self.chosen.slots)
+        return [slot for slot in self.pool if slot not in chosen]
+
     def _pool_after_commit(self) -> list[int]:
         """The pool of the next plan if this iteration commits every chosen slot."""
-        chosen = set(self.chosen.slots)
-        return [slot for slot in self.pool if slot not in chosen] or self._next_block_slots()
+        return self._undecoded_after_commit() or self._next_block_slots()
 
     def _likely_to_commit_all(self) -> bool:
         """Whether every draft this verification must accept was drafted with probability above the token
@@ -402,12 +407,10 @@ class SequenceDecoder:
         draft to be verified is an EOS, and the plan is the next block's or has a slot after that EOS's slot. (The
         plan holds only if the whole query is committed, EOS included; an accepted EOS drops every undecoded slot
         after it and ends decoding with the current block.)"""
-        chosen = self.chosen
-        ending = [slot for slot, ends in zip(chosen.slots, chosen.ends) if ends]
+        ending = [slot for slot, ends in zip(self.chosen.slots, self.chosen.ends) if ends]
         if not ending:
             return False
-        next_block = all(slot in chosen.slots for slot in self.pool)  # `_pool_after_commit` fell back to it
-        return next_block or max(slots) > ending[0]
+        return not self._undecoded_after_commit() or max(slots) > ending[0]
 
     def _with_lookahead(self, query: Query) -> Query:
         """Append the next plan's masks to a verification query (when planning ahead, the step will likely commit
@@ -451,7 +454,7 @@ class SequenceDecoder:
         self.forward_passes += 1
         lookahead, self.lookahead = self.lookahead, None
         own = num_scored if lookahead is None else lookahead.after
-        parts = [ExaminedPart(self, row, self.stage, 0, own, self.pool)]
+        parts = [ExaminedPart(self, row, self.stage, 0, own, self.pool if self.stage is Stage.PLAN else None)]
         ahead_logits = None
         if lookahead is not None:
             # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
@@ -725,7 +728,7 @@ def examine_plans(decoders: list[SequenceDecoder], logits: torch.Tensor, pools: 
     EOS; then the best slot) and each row's (drafts [P, k], draft probabilities [P, k], first-token scores [P])."""
     settings, policy = decoders[0].settings, decoders[0].policy
     k, rows = settings.slot_size, len(decoders)
-    scores = _constrained_scores(policy, logits, lambda: [s * k + j for pool in pools for s in pool for j in range(k)])
+    scores = _constrained_scores(policy, logits, lambda: [o for pool in pools for o in slot_offsets(pool, k)])
     drafts = policy.draw(scores).view(rows, -1, k)  # [R, P, k]
     draft_probs = policy.token_probs(scores, drafts.flatten()).view(rows, -1, k)
     first = draft_probs[..., 0]  # [R, P] probability of each slot's first draft
@@ -748,7 +751,7 @@ def examine_verifications(decoders: list[SequenceDecoder], logits: torch.Tensor)
     def offsets() -> list[int]:
         predicted = []
         for decoder in decoders:
-            own = [slot * k + j for slot in decoder.chosen.slots for j in range(k)]
+            own = slot_offsets(decoder.chosen.slots, k)
             predicted += own[1:] + [own[-1] + 1]
         return predicted
 
