@@ -178,8 +178,11 @@ def test_eval_report_reader_tolerates_extras_and_names_missing_keys(tmp_path):
 
 
 def test_training_summary_reader(tmp_path):
-    summary = load_training_summary(write_json(tmp_path / "state.json", {"log_history": [{"step": 1, "loss": 2.5}]}))
-    assert summary.final_loss == 2.5 and summary.loss_columns == ["loss"] and summary.global_step is None
+    state = {"log_history": [{"step": 1, "loss": 2.5, "learning_rate": 1e-4}, {"step": 2, "loss": 0.0}]}
+    summary = load_training_summary(write_json(tmp_path / "state.json", state))
+    assert summary.facts == ["Last logged training loss: 0"]  # a zero loss is a loss; no step count recorded
+    assert summary.columns == ["Step", "Epoch", "loss", "Learning rate"]
+    assert summary.rows == [["1", "–", "2.5", "1.00e-04"], ["2", "–", "0", "–"]]
     with pytest.raises(CardSourceError, match="--trainer-state .*log_history"):
         load_training_summary(write_json(tmp_path / "bad.json", {"global_step": 3}))
 

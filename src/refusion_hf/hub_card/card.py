@@ -25,7 +25,7 @@ from ..generation.refusion_generation_config import (
 )
 from ..modeling.loading import prompt_ids
 from .errors import CardInputError
-from .sources import EvalReport, TrainingSummary, eval_results_of
+from .sources import EvalReport, TrainingSummary, eval_results_of, format_cell
 
 # The usage snippet's answer length when the checkpoint's generation config sets none (stock generate would
 # stop after 20 new tokens).
@@ -127,20 +127,6 @@ def human_count(count: int) -> str:
     return f"{count:,}"
 
 
-def _cell(value: Any) -> str:
-    """Text for a Markdown table cell: `|` must be escaped even inside code spans (e.g. `<|mask|>`)."""
-    return str(value).replace("|", "\\|")
-
-
-def _format(value: Any, spec: str) -> str:
-    """A table cell: integers as they are (steps, pass counts), floats with `spec`, nothing as a dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return format(value, {"g": ".4g", "f1": ".1f", "f2": ".2f", "e": ".2e"}[spec])
-    return str(value)
-
-
 # --------------------------------------------------------------------------------------------- decoding
 # The card's table explains ReFusion's fields with the generation config's own documentation (its docstring); the
 # two stock fields it lists get what is particular to ReFusion decoding.
@@ -151,15 +137,6 @@ STOCK_FIELD_MEANINGS = {
     "it is returned.",
 }
 TABLE_ORDER = ("decoding", *DECODING_KNOBS, "temperature", "max_new_tokens", "mask_token_id")
-
-
-# (argument, comment) of the snippet's generate() call after max_new_tokens
-SNIPPET_ARGUMENTS = (
-    ("slot_size", "k: tokens per slot"),
-    ("block_size", "tokens per serial block (None: the whole answer)"),
-    ("slot_threshold", "write every slot whose first draft is this confident"),
-    ("token_threshold", "accept drafted tokens this probable"),
-)
 
 
 def decoding_defaults(generation_config) -> dict[str, Any]:
@@ -186,93 +163,11 @@ def decoding_rows(defaults: dict[str, Any], max_positions: int | None) -> list[d
     rows = []
     for name in TABLE_ORDER:
         value, meaning = defaults[name], meanings[name]
-        shown = f'"{value}"' if name == "decoding" else _format(value, "g") if isinstance(value, float) else str(value)
+        shown = f'"{value}"' if name == "decoding" else str(value) if value is None else format_cell(value)
         if name == "max_new_tokens" and max_positions:
             meaning += f" Prompt plus canvas must fit in {max_positions} positions."
-        rows.append({"name": name, "value": shown, "meaning": _cell(meaning)})
+        rows.append({"name": name, "value": shown, "meaning": format_cell(meaning)})
     return rows
-
-
-def generate_arguments(defaults: dict[str, Any], max_new_tokens: int) -> list[str]:
-    """Keyword arguments of the snippet's `generate()` call, one per line, comments aligned."""
-    note = "answer length limit"
-    if max_new_tokens < defaults["max_new_tokens"]:
-        note += f" (the default {defaults['max_new_tokens']} does not fit the context with this prompt)"
-    lines = [(f"max_new_tokens={max_new_tokens},", note)]
-    lines += [(f"{name}={defaults[name]!r},", comment) for name, comment in SNIPPET_ARGUMENTS]
-    if defaults["temperature"]:
-        lines.append((f"temperature={defaults['temperature']!r},", "> 0: sample the drafts"))
-    last = "return_dict_in_generate=True,"
-    width = max(len(code) for code in [last, *(code for code, _ in lines)]) + 2
-    return [f"{code.ljust(width)}# {comment}" for code, comment in lines] + [last]
-
-
-# ------------------------------------------------------------------------------------- eval and training
-def _eval_context(reports: list[EvalReport]) -> dict[str, Any]:
-    if not reports:
-        return {"eval_reports": []}
-    metrics = sorted({report.suite_info.accuracy_metric for report in reports})
-    rows, notes = [], []
-    for report in reports:
-        for mode, rates in (("ReFusion", report.refusion), ("autoregressive", report.autoregressive)):
-            if rates is None:
-                continue
-            rows.append(
-                {
-                    "suite": _cell(
-                        report.suite_info.dataset_name
-                        + (f" ({report.dataset_config})" if report.dataset_config else "")
-                    ),
-                    "decoding": mode,
-                    "accuracy": _format(rates["accuracy"], "g"),
-                    "tokens_per_second": _format(float(rates["tokens_per_second"]), "f1"),
-                    "tokens_per_forward": _format(float(rates["tokens_per_forward"]), "f2"),
-                    "num_forward_passes": _format(rates.get("num_forward_passes"), "g"),
-                }
-            )
-        settings = ", ".join(f"`{key}={value}`" for key, value in report.decoding_args().items()) or "defaults"
-        note = f"{report.suite_info.dataset_name}: settings {settings}"
-        if report.subset:
-            note += f"; {report.subset}"
-        if report.speedup is not None:
-            note += f"; ReFusion decoding ran at {report.speedup:.2f}x the tokens/s of autoregressive decoding"
-        notes.append(note + ".")
-    return {
-        "eval_reports": reports,
-        "eval_rows": rows,
-        "eval_notes": notes,
-        "accuracy_header": " / ".join(metrics),
-    }
-
-
-def _training_context(summary: TrainingSummary | None) -> dict[str, Any] | None:
-    if summary is None:
-        return None
-    facts = []
-    if summary.global_step is not None:
-        of = f" of {summary.max_steps}" if summary.max_steps else ""
-        facts.append(f"Optimizer steps: {summary.global_step}{of}")
-    if summary.epoch is not None:
-        facts.append(f"Epochs: {summary.epoch:.3g}")
-    if summary.train_batch_size is not None:
-        facts.append(f"Batch size per device: {summary.train_batch_size}")
-    if summary.final_loss is not None:
-        facts.append(f"Last logged training loss: {summary.final_loss:.4g}")
-    if summary.mean_train_loss is not None:
-        facts.append(f"Mean training loss over the run: {summary.mean_train_loss:.4g}")
-    if summary.train_runtime is not None:
-        facts.append(f"Training time: {summary.train_runtime:.0f} s")
-    columns = ["Step", "Epoch", *summary.loss_columns, "Learning rate"]
-    rows = [
-        [
-            _format(row["step"], "g"),
-            _format(row["epoch"], "g"),
-            *(_format(row[key], "g") for key in summary.loss_columns),
-            _format(row["learning_rate"], "e"),
-        ]
-        for row in summary.log_rows
-    ]
-    return {"facts": facts, "columns": columns, "rows": rows}
 
 
 # ------------------------------------------------------------------------------------------------ cards
@@ -305,12 +200,14 @@ def _render(card_data: ModelCardData, *, defaults: dict[str, Any], prompt: str, 
         literal={**literal, "prompt": json.dumps(prompt, ensure_ascii=False)},
         chat=chat,
         max_new_tokens=max_new_tokens,
-        generate_arguments=generate_arguments(defaults, max_new_tokens),
+        defaults=defaults,
+        length_lowered=max_new_tokens < defaults["max_new_tokens"],
         decoding_rows=decoding_rows(defaults, max_positions),
-        training=_training_context(training),
-        facts=[(name, _cell(value)) for name, value in facts],
+        training=training,
+        facts=[(name, format_cell(value)) for name, value in facts],
         citation=CITATION,
-        **_eval_context(reports),
+        eval_reports=reports,
+        cell=format_cell,
         **context,
     )
 

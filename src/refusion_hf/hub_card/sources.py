@@ -1,14 +1,16 @@
 """What a model card is built from, read and validated: `refusion eval` JSON reports and `trainer_state.json`.
 
 Both readers are tolerant of extra keys (the formats grow) and strict about the keys the card needs: a missing or
-mistyped one raises `CardSourceError` naming the file, the key and what to do.
+mistyped one raises `CardSourceError` naming the file, the key and what to do. Each comes out as the card shows
+it (an `EvalReport`'s table rows, note and model-index entries; a `TrainingSummary`'s facts and loss table), so the
+template only lays them out.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,28 @@ class EvalReport:
         if not self.autoregressive or not self.autoregressive.get("tokens_per_second"):
             return None
         return self.refusion["tokens_per_second"] / self.autoregressive["tokens_per_second"]
+
+    @property
+    def label(self) -> str:
+        """The suite as the card's evaluation table names it."""
+        return self.suite_info.dataset_name + (f" ({self.dataset_config})" if self.dataset_config else "")
+
+    @property
+    def decodings(self) -> list[tuple[str, dict[str, float]]]:
+        """(decoding, rates) of the card's table rows: ReFusion, then the autoregressive baseline when it ran."""
+        return [(mode, rates) for mode, rates in (("ReFusion", self.refusion), ("autoregressive", self.autoregressive))
+                if rates is not None]  # fmt: skip
+
+    @property
+    def note(self) -> str:
+        """What the card says under the table: the settings that define the numbers, the problems, the speed-up."""
+        settings = ", ".join(f"`{key}={value}`" for key, value in self.decoding_args().items()) or "defaults"
+        note = f"{self.suite_info.dataset_name}: settings {settings}"
+        if self.subset:
+            note += f"; {self.subset}"
+        if self.speedup is not None:
+            note += f"; ReFusion decoding ran at {self.speedup:.2f}x the tokens/s of autoregressive decoding"
+        return note + "."
 
     def decoding_args(self) -> dict[str, Any]:
         """The settings that define the numbers: decoding knobs (the resolved ones of `settings.refusion_decoding`
@@ -228,19 +252,13 @@ def eval_results_of(reports: list[EvalReport]) -> list[EvalResult]:
 
 @dataclass
 class TrainingSummary:
-    """What the card shows of a Trainer run (`trainer_state.json`, or the live trainer's state)."""
+    """The card's "Training details" of a Trainer run (`trainer_state.json`, or the live trainer's state): facts as
+    sentences, and a table of the logged losses (at most `max_rows` rows, the first and last logged steps kept)."""
 
     path: Path | None
-    global_step: int | None
-    epoch: float | None
-    max_steps: int | None
-    num_train_epochs: float | None
-    train_batch_size: int | None
-    final_loss: float | None
-    mean_train_loss: float | None
-    train_runtime: float | None
-    loss_columns: list[str] = field(default_factory=list)
-    log_rows: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[str]
+    columns: list[str]
+    rows: list[list[str]]
 
 
 def _loss_columns(entries: list[dict]) -> list[str]:
@@ -260,6 +278,16 @@ def _subsample(rows: list[dict], at_most: int) -> list[dict]:
     return [rows[i] for i in picks]
 
 
+def format_cell(value: Any, spec: str = "g") -> str:
+    """A table cell: integers as they are (steps, pass counts), floats with `spec`, nothing as a dash; `|` escaped
+    (Markdown needs it even inside code spans, e.g. `<|mask|>`)."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return format(value, {"g": ".4g", "f1": ".1f", "f2": ".2f", "e": ".2e"}[spec])
+    return str(value).replace("|", "\\|")
+
+
 def load_training_summary(path: str | Path, max_rows: int = 10) -> TrainingSummary:
     """Read and validate a Trainer's `trainer_state.json`."""
     path = Path(path)
@@ -274,35 +302,32 @@ def training_summary(state: dict, path: Path | None = None, max_rows: int = 10) 
     """The card's view of a Trainer's state: the saved `trainer_state.json`, or `dataclasses.asdict(trainer.state)`
     of a live trainer (`RefusionTrainer.create_model_card`)."""
     history = [entry for entry in state.get("log_history") or [] if isinstance(entry, dict)]
-    loss_columns = _loss_columns(history)
-    logged = [entry for entry in history if any(_is_number(entry.get(key)) for key in loss_columns)]
-    rows = [
-        {
-            "step": entry.get("step"),
-            "epoch": entry.get("epoch"),
-            **{key: entry.get(key) for key in loss_columns},
-            "learning_rate": entry.get("learning_rate"),
-        }
-        for entry in _subsample(logged, max_rows)
-    ]
+    losses = _loss_columns(history)
     final = next((entry for entry in reversed(history) if "train_loss" in entry or "train_runtime" in entry), {})
-    train_loss = final.get("train_loss")
-    last_loss = next((entry["loss"] for entry in reversed(history) if _is_number(entry.get("loss"))), None)
 
     def number(key: str, source: dict = state):
-        value = source.get(key)
-        return value if _is_number(value) else None
+        return source.get(key) if _is_number(source.get(key)) else None
 
+    max_steps = number("max_steps")
+    last_loss = next((entry["loss"] for entry in reversed(history) if number("loss", entry) is not None), None)
+    candidates = (
+        ("Optimizer steps", number("global_step"), "{}" + (f" of {max_steps}" if max_steps else "")),
+        ("Epochs", number("epoch"), "{:.3g}"),
+        ("Batch size per device", number("train_batch_size"), "{}"),
+        ("Last logged training loss", last_loss, "{:.4g}"),
+        ("Mean training loss over the run", number("train_loss", final), "{:.4g}"),
+        ("Training time", number("train_runtime", final), "{:.0f} s"),
+    )
+    logged = [entry for entry in history if any(number(key, entry) is not None for key in losses)]
     return TrainingSummary(
         path=path,
-        global_step=number("global_step"),
-        epoch=number("epoch"),
-        max_steps=number("max_steps"),
-        num_train_epochs=number("num_train_epochs"),
-        train_batch_size=number("train_batch_size"),
-        final_loss=last_loss,
-        mean_train_loss=train_loss if _is_number(train_loss) else None,
-        train_runtime=number("train_runtime", final),
-        loss_columns=loss_columns,
-        log_rows=rows,
+        facts=[f"{label}: {spec.format(value)}" for label, value, spec in candidates if value is not None],
+        columns=["Step", "Epoch", *losses, "Learning rate"],
+        rows=[
+            [
+                *(format_cell(entry.get(key)) for key in ("step", "epoch", *losses)),
+                format_cell(entry.get("learning_rate"), "e"),
+            ]  # fmt: skip
+            for entry in _subsample(logged, max_rows)
+        ],
     )
