@@ -23,6 +23,8 @@ task's filters and metrics. Added here is what makes the comparison fair:
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import statistics
 import time
 from collections import defaultdict
@@ -131,97 +133,95 @@ class SideBySideLM(RefusionLM):
             return self.settings.refusion_kwargs()
         return {"decoding": "autoregressive"}
 
-    def _decode(self, decoding: str, context, max_length, stop, generation_kwargs: dict) -> GenerateRecord:
-        """One timed `generate` of `decoding`, on the model that decoding runs on."""
+    @contextlib.contextmanager
+    def _running(self, decoding: str):
+        """HFLM's `self.model` is the model `decoding` runs on for the duration of the block."""
         self._model = self.decoding_models[decoding]
         try:
-            return self.timed_generate(context, max_length, stop, {**self._kwargs(decoding), **generation_kwargs})
+            yield
         finally:
             self._model = self.decoding_models["refusion"]
 
-    def _model_generate(self, context, max_length, stop, **generation_kwargs):
-        key = (
-            tuple(context.shape),
-            context.cpu().numpy().tobytes(),
-            max_length,
-            tuple(stop),
-            repr(sorted(generation_kwargs.items())),
-        )
-        if self.replaying is not None:
-            recorded = self._recorded[self.replaying][key]
-            if not recorded:
-                raise RuntimeError("lm-eval asked for a batch that was not decoded in the first run")
-            return recorded.pop(0)
+    def _decode(self, decoding: str, context, max_length, stop, generation_kwargs: dict) -> GenerateRecord:
+        """One timed `generate` of a fixed batch with `decoding`."""
+        with self._running(decoding):
+            return self.timed_generate(context, max_length, stop, {**self._kwargs(decoding), **generation_kwargs})
+
+    def _stream(self, decoding: str, requests) -> GenerateRecord:
+        """One timed `generate_batch` of `requests` with `decoding`."""
+        with self._running(decoding):
+            start = time.perf_counter()
+            answers, lengths, forwards = self.stream_requests(requests, self._kwargs(decoding))
+            seconds = time.perf_counter() - start
+        return GenerateRecord(answers, lengths, None, forwards, max(seconds, 1e-9))
+
+    def _side_by_side(self, key, prompts, decode: Callable[[str], GenerateRecord], warm_up: Callable[[str], object],
+                      order: Callable[[int], Sequence[str]], seed: int):  # fmt: skip
+        """Every decoding `timing_repeats` times in `order(repeat)`, each call seeded with `seed`: the first record of
+        each (with the fastest time) is kept, under `key`, and each prompt's answer length. Returns the first
+        decoding's sequences, which lm-eval scores first."""
         if not self._warm:  # first calls pay one-off costs (allocations, lazy inits): keep them out of the timing
-            short = min(max_length, context.shape[1] + WARMUP_TOKENS)
             for decoding in self.decodings:
-                self._decode(decoding, context, short, stop, generation_kwargs)
+                warm_up(decoding)
             self._warm = True
-        order = self.decodings if self._batches % 2 == 0 else self.decodings[::-1]
         kept: dict[str, GenerateRecord] = {}
         for repeat in range(self.settings.timing_repeats):
-            for decoding in order:
-                torch.manual_seed(self.settings.seed + self._batches)
-                record = self._decode(decoding, context, max_length, stop, generation_kwargs)
+            for decoding in order(repeat):
+                torch.manual_seed(seed)
+                record = decode(decoding)
                 first = kept.setdefault(decoding, record)
-                if repeat and not torch.equal(record.sequences, first.sequences):
+                same = (torch.equal if isinstance(record.sequences, torch.Tensor) else operator.eq)(
+                    record.sequences, first.sequences
+                )
+                if not same:
                     raise RuntimeError(
                         f"{decoding} decoding gave different tokens when repeated with the same seed, so repeats "
                         "cannot be timed as one: use --timing-repeats 1."
                     )
                 first.seconds = min(first.seconds, record.seconds)
-        prompts = [tuple(row[mask].tolist()) for row, mask in zip(context, self._context_mask.bool())]
         for decoding, record in kept.items():
             self.records[decoding].append(record)
             self._recorded[decoding][key].append(record.sequences)
-            for prompt, length in zip(prompts, record.answer_lengths):
-                self.row_lengths[decoding][prompt] = length
-        self._batches += 1
+            self.row_lengths[decoding].update(zip(prompts, record.answer_lengths))
         if self.progress is not None:
             self.progress(sum(len(r.answer_lengths) for r in self.records[self.decodings[0]]))
         return self._recorded[self.decodings[0]][key].pop(0)
 
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        """A fixed batch: the decodings back to back, which goes first alternating from batch to batch."""
+        key = (context.cpu().numpy().tobytes(), tuple(context.shape), max_length, tuple(stop),
+               repr(sorted(generation_kwargs.items())))  # fmt: skip
+        if self.replaying is not None:
+            recorded = self._recorded[self.replaying][key]
+            if not recorded:
+                raise RuntimeError("lm-eval asked for a batch that was not decoded in the first run")
+            return recorded.pop(0)
+        batch = self._batches
+        self._batches += 1
+        short = min(max_length, context.shape[1] + WARMUP_TOKENS)
+        return self._side_by_side(
+            key,
+            [tuple(row[mask].tolist()) for row, mask in zip(context, self._context_mask.bool())],
+            decode=lambda decoding: self._decode(decoding, context, max_length, stop, generation_kwargs),
+            warm_up=lambda decoding: self._decode(decoding, context, short, stop, generation_kwargs),
+            order=lambda repeat: self.decodings if batch % 2 == 0 else self.decodings[::-1],
+            seed=self.settings.seed + batch,
+        )
+
     def _generate_continuously(self, requests) -> list[str]:
-        """`continuous_batching`: the task's requests through `generate_batch` with each decoding in turn (see the
-        module docstring); a replay returns its decoding's recorded answers."""
+        """`continuous_batching`: the task's requests through `generate_batch` with each decoding in turn, which
+        goes first alternating from repeat to repeat; a replay returns its decoding's recorded answers."""
         key = tuple((request.args[0], repr(sorted(request.args[1].items()))) for request in requests)
         if self.replaying is not None:
             return self._recorded[self.replaying][key].pop(0)
-        if not self._warm:  # one-off costs out of the timing, as with fixed batches
-            for decoding in self.decodings:
-                self._stream(decoding, requests[:1])
-            self._warm = True
-        kept: dict[str, GenerateRecord] = {}
-        for repeat in range(self.settings.timing_repeats):
-            for decoding in self.decodings if repeat % 2 == 0 else self.decodings[::-1]:
-                torch.manual_seed(self.settings.seed)
-                record = self._stream(decoding, requests)
-                first = kept.setdefault(decoding, record)
-                if record.sequences != first.sequences:
-                    raise RuntimeError(
-                        f"{decoding} decoding gave different answers when repeated with the same seed, so repeats "
-                        "cannot be timed as one: use --timing-repeats 1."
-                    )
-                first.seconds = min(first.seconds, record.seconds)
-        for decoding, record in kept.items():
-            self.records[decoding].append(record)
-            self._recorded[decoding][key].append(record.sequences)
-            for request, length in zip(requests, record.answer_lengths):
-                self.row_lengths[decoding][tuple(self.tok_encode(request.args[0]))] = length
-        if self.progress is not None:
-            self.progress(len(requests))
-        return self._recorded[self.decodings[0]][key].pop(0)
-
-    def _stream(self, decoding: str, requests) -> GenerateRecord:
-        """One timed `generate_batch` of `requests` with `decoding`, on the model that decoding runs on."""
-        self._model = self.decoding_models[decoding]
-        try:
-            start = time.perf_counter()
-            answers, lengths, forwards = self.stream_requests(requests, self._kwargs(decoding))
-            seconds = time.perf_counter() - start
-        finally:
-            self._model = self.decoding_models["refusion"]
-        return GenerateRecord(answers, lengths, None, forwards, max(seconds, 1e-9))
+        return self._side_by_side(
+            key,
+            [tuple(self.tok_encode(request.args[0])) for request in requests],
+            decode=lambda decoding: self._stream(decoding, requests),
+            warm_up=lambda decoding: self._stream(decoding, requests[:1]),
+            order=lambda repeat: self.decodings if repeat % 2 == 0 else self.decodings[::-1],
+            seed=self.settings.seed,
+        )
 
     def tok_batch_encode(self, strings, *args, **kwargs):
         """HFLM's; the attention mask of the batch is kept to tell each row's prompt tokens from the padding."""
