@@ -35,6 +35,7 @@ from safetensors import SafetensorError
 from ..checkpoint_identity import weights_sha256
 from ..command_inputs import first_line
 from ..generation.refusion_generation_config import DECODING_KNOBS
+from ..modeling.configuration_refusion import OFFICIAL_MODEL_TYPE
 from ..modeling.remote_code import CUSTOM_GENERATE_DIR, collect_bundle_modules
 from .card import (
     DEFAULT_EXAMPLE_PROMPT,
@@ -48,7 +49,6 @@ from .card import (
 from .errors import CardInputError, PublishError, PushError
 from .sources import EvalReport, load_eval_report, load_training_summary
 
-OFFICIAL_MODEL_TYPE = "qwen3"
 # Top-level files that make up a model or an adapter in a Hub repository (what `from_pretrained` may read), besides
 # the remote-code modules this package writes (`_managed_patterns`); other files (a `handler.py`, notes) are the
 # repository owner's.

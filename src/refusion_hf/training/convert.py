@@ -33,12 +33,13 @@ from ..command_inputs import (
     first_line,
 )
 from ..modeling import RefusionConfig, RefusionForCausalLM
+from ..modeling.configuration_refusion import OFFICIAL_MODEL_TYPE
 
 logger = logging.getLogger(__name__)
 
 MASK_TOKEN = "<|mask|>"
 BEGIN_TOKEN = "<|beginoftext|>"
-SUPPORTED_MODEL_TYPES = ("qwen3", RefusionConfig.model_type)
+SUPPORTED_MODEL_TYPES = (OFFICIAL_MODEL_TYPE, RefusionConfig.model_type)
 _PROBE_TEXT = "Converting a checkpoint: 12 + 30 = 42, isn't it?\nYes."
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.data.data_collator import DataCollatorMixin
 
-IGNORE_INDEX = -100
+from ..modeling.refusion_loss import IGNORE_INDEX
 
 
 def plan_packed_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:

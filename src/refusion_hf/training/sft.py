@@ -23,10 +23,9 @@ from typing import Any
 from transformers import Trainer
 from trl import SFTTrainer
 
+from ..modeling.refusion_loss import IGNORE_INDEX
 from .collator import RefusionDataCollator
 from .trainer import RefusionTrainer
-
-IGNORE_INDEX = -100
 
 
 @dataclass
