@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with sandboxed_code_eval():
             cli = HarnessCLI()
-            cli.execute(cli.parse_args())
+            parsed = cli.parse_args()
+            cli.execute(parsed)
     finally:
         sys.argv = saved_argv
     reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             f"[refusion] {task}: {stats['tokens']} tokens, {stats['forward_passes']} forward passes, "
             f"{stats['tokens_per_forward'] or 0:.2f} tokens/forward, {rate or 0:.1f} tokens/s"
         )
-    output = _option(argv, "--output_path", "-o")
+    output = getattr(parsed, "output_path", None)  # as lm-eval parsed it
     if output is not None:
         for results in Path(output).rglob("results_*.json"):
             if results.stat().st_mtime >= start:
@@ -67,13 +68,3 @@ def run(args: argparse.Namespace) -> int:
                 data["refusion_decoding"] = report
                 results.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
-
-
-def _option(argv: list[str], *names: str) -> str | None:
-    for index, item in enumerate(argv):
-        for name in names:
-            if item == name and index + 1 < len(argv):
-                return argv[index + 1]
-            if item.startswith(name + "="):
-                return item.split("=", 1)[1]
-    return None
