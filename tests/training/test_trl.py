@@ -113,6 +113,49 @@ def test_lora_through_trl_peft_config(fixture_path, tokenizer, tmp_path):
     assert all(not p.requires_grad for n, p in after.items() if "lora_" not in n), "only the adapter trains"
 
 
+def test_every_checkpoint_carries_the_refusion_card_of_its_step(fixture_path, tokenizer, tmp_path):
+    """TRL's `_save_checkpoint` builds its card in `output_dir` before any model is saved there, which made the first
+    checkpoint of a ReFusion run fail; each checkpoint gets the ReFusion card of its own step instead."""
+    from huggingface_hub import ModelCard
+
+    out = tmp_path / "run"
+    trainer = RefusionSFTTrainer(
+        model=RefusionForCausalLM.from_pretrained(fixture_path),
+        args=sft_config(out, max_steps=2, save_strategy="steps", save_steps=1),
+        train_dataset=prompt_completion(toy_records(8, seed=3)),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert sorted(path.name for path in out.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    for step in (1, 2):
+        card = ModelCard.load(out / f"checkpoint-{step}" / "README.md")
+        assert card.data.library_name == "transformers" and "refusion" in card.data.tags
+        assert card.text.lstrip().startswith("# run\n") and f"Optimizer steps: {step} of 2" in card.text
+
+
+def test_an_adapter_checkpoint_without_a_hub_base_trains_on_without_a_card(fixture_path, tokenizer, tmp_path):
+    """The adapter records the fixture's local path as its base, which a ReFusion card cannot name: the checkpoint
+    keeps the card PEFT writes (a warning says why there is no ReFusion one), and training goes on."""
+    from huggingface_hub import ModelCard
+    from transformers.testing_utils import CaptureLogger
+
+    from refusion_hf.training import trainer as trainer_module
+
+    trainer = RefusionSFTTrainer(
+        model=RefusionForCausalLM.from_pretrained(fixture_path),
+        args=sft_config(tmp_path, max_steps=1, save_strategy="steps", save_steps=1),
+        train_dataset=prompt_completion(toy_records(4, seed=6)),
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    with CaptureLogger(trainer_module.logger) as captured:
+        trainer.train()
+    checkpoint = tmp_path / "checkpoint-1"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert "refusion" not in (ModelCard.load(checkpoint / "README.md").data.tags or [])
+    assert "No model card in" in captured.out and "is a local path" in captured.out
+
+
 def test_plain_sft_trainer_with_a_refusion_collator_fails_instead_of_training_something_else(
     fixture_path, tokenizer, tmp_path
 ):

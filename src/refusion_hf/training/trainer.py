@@ -17,7 +17,8 @@ resuming are the stock ones):
   (an explicit collator that disagrees with them is refused);
 * label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels);
 * `create_model_card` writes the ReFusion card (`hub_card`, the one `refusion publish` writes) from the live
-  training state into `output_dir`, after `save_model`, as trl's trainers do; `push_to_hub` calls it too.
+  training state into `output_dir`, after `save_model`, as trl's trainers do; `push_to_hub` calls it too; every
+  checkpoint gets its card (README.md, the training details up to its step) when it is saved.
 
 The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCollator` (set
 `remove_unused_columns=False`, add `RefusionEpochCallback`); it just does not log the two parts.
@@ -32,9 +33,13 @@ from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 
 from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
+
+logger = logging.get_logger(__name__)
 
 LOSS_PARTS = ("ar_loss", "mdm_loss")
 COLLATOR_COLUMNS = ("input_ids", "prompt_length")
@@ -138,17 +143,22 @@ class RefusionTrainer(Trainer):
                 f"create_model_card: {', '.join(refused)} cannot go on the ReFusion card (it sets its own tags and "
                 "task); drop them, or edit the README.md it writes."
             )
+        datasets = []
+        for names in (dataset_tags, dataset):
+            datasets += [names] if isinstance(names, str) else list(names or [])
+        folder = Path(self.args.output_dir)
+        card = self._model_card(folder, model_name, finetuned_from, license, list(dict.fromkeys(datasets)) or None)
+        card.save(folder / "README.md")
+
+    def _model_card(self, folder: Path, model_name, finetuned_from, license, datasets):
+        """The ReFusion card of the model or adapter saved in `folder`, with the training state so far."""
         from ..hub_card import build_adapter_card, build_model_card
         from ..hub_card.card import check_hub_id
         from ..hub_card.sources import training_summary
 
-        folder = Path(self.args.output_dir)
-        datasets = []
-        for names in (dataset_tags, dataset):
-            datasets += [names] if isinstance(names, str) else list(names or [])
         common = {
             "training": training_summary(dataclasses.asdict(self.state)),
-            "datasets": list(dict.fromkeys(datasets)) or None,
+            "datasets": datasets,
             "name": model_name,
             **({"license": license} if license else {}),
         }
@@ -161,10 +171,26 @@ class RefusionTrainer(Trainer):
                     "(the card tells users which model to load it on)."
                 )
             check_hub_id(base, "create_model_card: the adapter's base model (pass finetuned_from)", "namespace/base")
-            card = build_adapter_card(folder, base_model=base, **common)
-        else:
-            card = build_model_card(folder, base_model=finetuned_from, **common)
-        card.save(folder / "README.md")
+            return build_adapter_card(folder, base_model=base, **common)
+        return build_model_card(folder, base_model=finetuned_from, **common)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The stock checkpoint, then its ReFusion card (README.md, training details up to this step), so that every
+        checkpoint is a complete folder to publish. `Trainer._save_checkpoint` by name: TRL's (in
+        `RefusionSFTTrainer`) writes its own card into `output_dir` first, before any model is saved there."""
+        Trainer._save_checkpoint(self, model, trial)
+        if not self.is_world_process_zero():
+            return
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if not (folder / "tokenizer_config.json").is_file():
+            logger.warning("No model card in %s: no tokenizer was saved with it (pass processing_class=).", folder)
+            return
+        hub_id = self.args.hub_model_id
+        name = hub_id.rsplit("/", 1)[-1] if hub_id else Path(self.args.output_dir).resolve().name
+        try:
+            self._model_card(folder, name, None, None, None).save(folder / "README.md")
+        except ValueError as error:  # e.g. an adapter of a local base model: the card needs its Hub id
+            logger.warning("No model card in %s: %s Call trainer.create_model_card(...) after saving.", folder, error)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._loss_part_count:
