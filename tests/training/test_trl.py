@@ -113,7 +113,7 @@ def test_lora_through_trl_peft_config(fixture_path, tokenizer, tmp_path):
     assert all(not p.requires_grad for n, p in after.items() if "lora_" not in n), "only the adapter trains"
 
 
-def test_every_checkpoint_carries_the_refusion_card_of_its_step(fixture_path, tokenizer, tmp_path):
+def test_every_checkpoint_and_saved_model_carries_the_refusion_card_of_its_step(fixture_path, tokenizer, tmp_path):
     """TRL's `_save_checkpoint` builds its card in `output_dir` before any model is saved there, which made the first
     checkpoint of a ReFusion run fail; each checkpoint gets the ReFusion card of its own step instead."""
     from huggingface_hub import ModelCard
@@ -127,8 +127,9 @@ def test_every_checkpoint_carries_the_refusion_card_of_its_step(fixture_path, to
     )
     trainer.train()
     assert sorted(path.name for path in out.iterdir()) == ["checkpoint-1", "checkpoint-2"]
-    for step in (1, 2):
-        card = ModelCard.load(out / f"checkpoint-{step}" / "README.md")
+    trainer.save_model()  # the final model: its card goes next to it
+    for folder, step in ((out / "checkpoint-1", 1), (out / "checkpoint-2", 2), (out, 2)):
+        card = ModelCard.load(folder / "README.md")
         assert card.data.library_name == "transformers" and "refusion" in card.data.tags
         assert card.text.lstrip().startswith("# run\n") and f"Optimizer steps: {step} of 2" in card.text
 

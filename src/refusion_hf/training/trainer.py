@@ -17,8 +17,8 @@ resuming are the stock ones):
   (an explicit collator that disagrees with them is refused);
 * label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels);
 * `create_model_card` writes the ReFusion card (`hub_card`, the one `refusion publish` writes) from the live
-  training state into `output_dir`, after `save_model`, as trl's trainers do; `push_to_hub` calls it too; every
-  checkpoint gets its card (README.md, the training details up to its step) when it is saved.
+  training state into `output_dir`, as trl's trainers do; `push_to_hub` calls it too. `save_model()` and every
+  checkpoint write the card of what they saved (README.md, the training details up to that step).
 
 The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCollator` (set
 `remove_unused_columns=False`, add `RefusionEpochCallback`); it just does not log the two parts.
@@ -175,13 +175,23 @@ class RefusionTrainer(Trainer):
         return build_model_card(folder, base_model=finetuned_from, **common)
 
     def _save_checkpoint(self, model, trial) -> None:
-        """The stock checkpoint, then its ReFusion card (README.md, training details up to this step), so that every
-        checkpoint is a complete folder to publish. `Trainer._save_checkpoint` by name: TRL's (in
-        `RefusionSFTTrainer`) writes its own card into `output_dir` first, before any model is saved there."""
+        """The stock checkpoint, then its ReFusion card (training details up to this step), so that every checkpoint
+        is a complete folder to publish. `Trainer._save_checkpoint` by name: TRL's (in `RefusionSFTTrainer`)
+        writes its own card into `output_dir` first, before any model is saved there."""
         Trainer._save_checkpoint(self, model, trial)
+        self._write_card(Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The stock save; a save you ask for (not a checkpoint's or `push_to_hub`'s) also writes the ReFusion card
+        next to the model."""
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call:
+            self._write_card(Path(output_dir or self.args.output_dir))
+
+    def _write_card(self, folder: Path) -> None:
+        """The ReFusion card of the model just saved in `folder`, when it can be built (else a warning says why)."""
         if not self.is_world_process_zero():
             return
-        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if not (folder / "tokenizer_config.json").is_file():
             logger.warning("No model card in %s: no tokenizer was saved with it (pass processing_class=).", folder)
             return
