@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         if model_args.lora and hub_base is None:
             print(
                 "[refusion train] the adapter keeps PEFT's stub card: its base is a local folder; `refusion publish "
-                f"{output_dir} --base-model NAMESPACE/NAME` writes the ReFusion card.",
+                f"--model {output_dir} --out PUBLISH_DIR --base-model NAMESPACE/NAME` writes the ReFusion card.",
                 file=sys.stderr,
             )
         else:

@@ -77,6 +77,7 @@ class RefusionTrainer(Trainer):
             self.add_callback(RefusionEpochCallback(self.data_collator))
         self._loss_part_sums = None
         self._loss_part_count = 0
+        self._card_problems: set[str] = set()  # why a save got no card, each said once
 
     def _default_collator(self) -> RefusionDataCollator:
         config = getattr(self.model, "config", None)
@@ -189,18 +190,22 @@ class RefusionTrainer(Trainer):
             self._write_card(Path(output_dir or self.args.output_dir))
 
     def _write_card(self, folder: Path) -> None:
-        """The ReFusion card of the model just saved in `folder`, when it can be built (else a warning says why)."""
+        """The ReFusion card of the model just saved in `folder`, when it can be built; else a warning says why (once
+        per reason: it is the same at every save)."""
         if not self.is_world_process_zero():
             return
-        if not (folder / "tokenizer_config.json").is_file():
-            logger.warning("No model card in %s: no tokenizer was saved with it (pass processing_class=).", folder)
-            return
-        hub_id = self.args.hub_model_id
-        name = hub_id.rsplit("/", 1)[-1] if hub_id else Path(self.args.output_dir).resolve().name
-        try:
-            self._model_card(folder, name, None, None, None).save(folder / "README.md")
-        except ValueError as error:  # e.g. an adapter of a local base model: the card needs its Hub id
-            logger.warning("No model card in %s: %s Call trainer.create_model_card(...) after saving.", folder, error)
+        if (folder / "tokenizer_config.json").is_file():
+            hub_id = self.args.hub_model_id
+            name = hub_id.rsplit("/", 1)[-1] if hub_id else Path(self.args.output_dir).resolve().name
+            try:
+                return self._model_card(folder, name, None, None, None).save(folder / "README.md")
+            except ValueError as error:  # e.g. an adapter of a local base model: the card needs its Hub id
+                reason = f"{error} Call trainer.create_model_card(...) after saving."
+        else:
+            reason = "no tokenizer was saved with it (pass processing_class=)."
+        if reason not in self._card_problems:
+            self._card_problems.add(reason)
+            logger.warning("No model card in %s (nor in later saves, for the same reason): %s", folder, reason)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._loss_part_count:
