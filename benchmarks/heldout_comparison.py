@@ -27,7 +27,7 @@ from results_file import write_results
 from refusion_hf.cli import main as refusion_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # README's table; never used in training or tuning
+HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # benchmarks/README.md's table; never used in training or tuning
 POINTS, RATIO = 3.0, 2.0  # the targets
 
 
