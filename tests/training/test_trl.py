@@ -157,6 +157,46 @@ def test_an_adapter_checkpoint_without_a_hub_base_trains_on_without_a_card(fixtu
     assert "No model card in" in captured.out and "is a local path" in captured.out
 
 
+@pytest.mark.parametrize(
+    "option", [{"packing": True}, {"eval_packing": True}, {"padding_free": True}, {"completion_only_loss": False}]
+)
+def test_trl_options_that_merge_rows_or_train_the_prompt_are_refused_by_name(fixture_path, tokenizer, tmp_path, option):
+    """Packed or padding-free rows hold several examples, so the collator would take all but the last answer for
+    prompt; completion_only_loss=False trains the prompt. Neither is the ReFusion objective: refused, not altered."""
+    ((name, value),) = option.items()
+    with pytest.raises(ValueError, match=f"SFTConfig {name}={value}"):
+        RefusionSFTTrainer(
+            model=RefusionForCausalLM.from_pretrained(fixture_path),
+            args=sft_config(tmp_path, **option),
+            train_dataset=prompt_completion(toy_records(4, seed=1)),
+            processing_class=tokenizer,
+        )
+
+
+def test_packing_under_trl_goes_through_the_refusion_collator(fixture_path, tokenizer, tmp_path):
+    """What the refusal of `packing=True` points to: examples packed into one row under a block-diagonal mask, with
+    the loss of the same examples unpacked."""
+    from refusion_hf.training import RefusionSFTCollator
+
+    def collator(**options):
+        return RefusionSFTCollator(RefusionDataCollator(tokenizer, mask_token_id=3, seed=0, **options))
+
+    trainer = RefusionSFTTrainer(
+        model=RefusionForCausalLM.from_pretrained(fixture_path),
+        args=sft_config(tmp_path, max_steps=1),
+        train_dataset=prompt_completion(toy_records(4, seed=1)),
+        processing_class=tokenizer,
+        data_collator=collator(packing_length=128),
+    )
+    features = [trainer.train_dataset[i] for i in range(4)]
+    packed, unpacked = trainer.data_collator(features), collator()(features)
+    assert packed["input_ids"].shape[0] == 1 and packed["attention_mask"].dim() == 4  # one row, block-diagonal
+    model = trainer.model.eval()
+    assert model(**packed).loss.item() == pytest.approx(model(**unpacked).loss.item(), rel=1e-5)
+    trainer.train()
+    assert trainer.state.log_history[0]["mdm_loss"] > 0
+
+
 def test_plain_sft_trainer_with_a_refusion_collator_fails_instead_of_training_something_else(
     fixture_path, tokenizer, tmp_path
 ):

@@ -14,6 +14,7 @@ _LAZY = {
     "RefusionTrainer": "trainer",
     "RefusionEpochCallback": "trainer",
     "RefusionSFTTrainer": "sft",
+    "RefusionSFTCollator": "sft",
     "RefusionTrainingArguments": "arguments",
 }
 
@@ -31,6 +32,7 @@ __all__ = [
     "PackedCausalLMCollator",
     "RefusionDataCollator",
     "RefusionEpochCallback",
+    "RefusionSFTCollator",
     "RefusionSFTDataset",
     "RefusionSFTTrainer",
     "RefusionTrainer",

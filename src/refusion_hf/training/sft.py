@@ -11,8 +11,9 @@ conversational datasets, truncation), `SFTConfig`, PEFT through `peft_config`, l
 * the loss is the model's own ReFusion loss (`ar_loss + mdm_loss`, both logged, as `RefusionTrainer` does), not
   TRL's token-level causal-LM loss, which would shift the collator's unshifted targets.
 
-Plain `SFTTrainer` with a ReFusion collator fails at the first step with an error naming this class (the model
-refuses a ReFusion batch whose loss the trainer computes itself).
+TRL's `packing`, `padding_free` and `completion_only_loss=False` are refused with the way to get what they do
+(packing: `RefusionDataCollator(packing_length=N)`). Plain `SFTTrainer` with a ReFusion collator fails at the first
+step with an error naming this class (the model refuses a ReFusion batch whose loss the trainer computes itself).
 """
 
 from __future__ import annotations
@@ -59,6 +60,23 @@ class RefusionSFTCollator:
         return {"input_ids": input_ids, "prompt_length": prompt_length}
 
 
+def _refuse_row_merging(args) -> None:
+    """TRL options that would give the collator rows without one prompt / answer split, refused by name."""
+    packed = [name for name in ("packing", "eval_packing", "padding_free") if getattr(args, name, None)]
+    if packed:
+        raise ValueError(
+            f"SFTConfig {', '.join(f'{name}=True' for name in packed)}: TRL would put several examples in one row, and "
+            "the ReFusion collator needs each example's own prompt and answer. Leave them off; to pack, pass "
+            "data_collator=refusion_hf.training.RefusionSFTCollator(RefusionDataCollator(tokenizer, mask_token_id=..., "
+            "packing_length=N)) (examples packed under a block-diagonal attention mask)."
+        )
+    if getattr(args, "completion_only_loss", None) is False:
+        raise ValueError(
+            "SFTConfig completion_only_loss=False would train the prompt too; the ReFusion objective trains the "
+            "answer, decoded after the prompt. Leave completion_only_loss at None (or True)."
+        )
+
+
 def _messages_as_prompt_completion(dataset):
     """A `messages` dataset as conversational prompt/completion (the last message is the answer)."""
     if dataset is None or "messages" not in dataset.column_names or "prompt" in dataset.column_names:
@@ -73,6 +91,7 @@ class RefusionSFTTrainer(RefusionTrainer, SFTTrainer):
     """TRL's `SFTTrainer` with the ReFusion objective (see the module docstring). Arguments are `SFTTrainer`'s."""
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None, **kwargs):
+        _refuse_row_merging(args)
         train_dataset = _messages_as_prompt_completion(train_dataset)
         if isinstance(eval_dataset, dict):
             eval_dataset = {name: _messages_as_prompt_completion(data) for name, data in eval_dataset.items()}
