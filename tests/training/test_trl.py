@@ -2,6 +2,8 @@
 the stock-Trainer path's on the same examples), on prompt/completion and messages data, with LoRA through
 `peft_config`; a plain `SFTTrainer` fed a ReFusion collator fails instead of training something else."""
 
+import re
+
 import pytest
 import torch
 from datasets import Dataset
@@ -158,19 +160,33 @@ def test_an_adapter_checkpoint_without_a_hub_base_trains_on_without_a_card(fixtu
 
 
 @pytest.mark.parametrize(
-    "option", [{"packing": True}, {"eval_packing": True}, {"padding_free": True}, {"completion_only_loss": False}]
-)
-def test_trl_options_that_merge_rows_or_train_the_prompt_are_refused_by_name(fixture_path, tokenizer, tmp_path, option):
+    "option",
+    [{"packing": True}, {"eval_packing": True}, {"padding_free": True}, {"completion_only_loss": False},
+     {"loss_type": "dft"}],
+)  # fmt: skip
+def test_trl_options_that_change_the_objective_are_refused_by_name(fixture_path, tokenizer, tmp_path, option):
     """Packed or padding-free rows hold several examples, so the collator would take all but the last answer for
-    prompt; completion_only_loss=False trains the prompt. Neither is the ReFusion objective: refused, not altered."""
+    prompt; completion_only_loss=False trains the prompt; DFT is another loss. None is the ReFusion objective:
+    refused by name, not altered."""
     ((name, value),) = option.items()
-    with pytest.raises(ValueError, match=f"SFTConfig {name}={value}"):
+    with pytest.raises(ValueError, match=re.escape(f"SFTConfig {name}={value!r}")):
         RefusionSFTTrainer(
             model=RefusionForCausalLM.from_pretrained(fixture_path),
             args=sft_config(tmp_path, **option),
             train_dataset=prompt_completion(toy_records(4, seed=1)),
             processing_class=tokenizer,
         )
+
+
+def test_sft_config_pad_to_multiple_of_pads_the_refusion_batches(fixture_path, tokenizer, tmp_path):
+    trainer = RefusionSFTTrainer(
+        model=RefusionForCausalLM.from_pretrained(fixture_path),
+        args=sft_config(tmp_path, pad_to_multiple_of=64),
+        train_dataset=prompt_completion(toy_records(4, seed=1)),
+        processing_class=tokenizer,
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    assert batch["input_ids"].shape[1] == 64 and "mdm_weights" in batch
 
 
 def test_packing_under_trl_goes_through_the_refusion_collator(fixture_path, tokenizer, tmp_path):

@@ -11,13 +11,15 @@ conversational datasets, truncation), `SFTConfig`, PEFT through `peft_config`, l
 * the loss is the model's own ReFusion loss (`ar_loss + mdm_loss`, both logged, as `RefusionTrainer` does), not
   TRL's token-level causal-LM loss, which would shift the collator's unshifted targets.
 
-TRL's `packing`, `padding_free` and `completion_only_loss=False` are refused with the way to get what they do
+`SFTConfig.pad_to_multiple_of` pads the batches. TRL's `packing`, `padding_free`, `loss_type="dft"` and
+`completion_only_loss=False` are refused with the way to get what they do
 (packing: `RefusionDataCollator(packing_length=N)`). Plain `SFTTrainer` with a ReFusion collator fails at the first
 step with an error naming this class (the model refuses a ReFusion batch whose loss the trainer computes itself).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +72,11 @@ def _refuse_row_merging(args) -> None:
             "data_collator=refusion_hf.training.RefusionSFTCollator(RefusionDataCollator(tokenizer, mask_token_id=..., "
             "packing_length=N)) (examples packed under a block-diagonal attention mask)."
         )
+    if getattr(args, "loss_type", "nll") not in ("nll", "chunked_nll"):
+        raise ValueError(
+            f"SFTConfig loss_type={args.loss_type!r}: RefusionSFTTrainer trains the model's own ReFusion loss "
+            "(ar_loss + mdm_loss), not TRL's token losses; leave loss_type at 'nll'."
+        )
     if getattr(args, "completion_only_loss", None) is False:
         raise ValueError(
             "SFTConfig completion_only_loss=False would train the prompt too; the ReFusion objective trains the "
@@ -100,7 +107,10 @@ class RefusionSFTTrainer(RefusionTrainer, SFTTrainer):
         super().__init__(model, args, data_collator, train_dataset=train_dataset, eval_dataset=eval_dataset, **kwargs)
 
     def _default_collator(self) -> RefusionSFTCollator:
-        return RefusionSFTCollator(super()._default_collator())
+        # SFTConfig's pad_to_multiple_of (resolved to an int or None) pads the batches, as in TRL's own collator.
+        collator = super()._default_collator()
+        collator = dataclasses.replace(collator, pad_to_multiple_of=getattr(self.args, "pad_to_multiple_of", None))
+        return RefusionSFTCollator(collator)
 
     def _set_signature_columns_if_needed(self) -> None:
         Trainer._set_signature_columns_if_needed(self)
