@@ -103,6 +103,8 @@ def test_default_collator_and_misuse(fixture_path, tmp_path):
 
     with pytest.raises(ValueError, match="label_smoothing_factor is 0.1.*set it to 0"):
         RefusionTrainer(model=model, args=arguments(tmp_path, label_smoothing_factor=0.1))
+    with pytest.raises(ValueError, match="compute_loss_func would replace the ReFusion loss"):
+        RefusionTrainer(model=model, args=arguments(tmp_path), compute_loss_func=lambda outputs, labels, **_: 0)
 
     stock_model = Qwen3ForCausalLM.from_pretrained(fixture_path)
     trainer = RefusionTrainer(

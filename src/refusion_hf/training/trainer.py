@@ -15,7 +15,8 @@ resuming are the stock ones):
 * `data_collator` defaults to a `RefusionDataCollator` over `processing_class` and the model's mask token, seeded
   with `args.data_seed` (or `args.seed`), with the data options of `args` when they are `RefusionTrainingArguments`
   (an explicit collator that disagrees with them is refused);
-* label smoothing is rejected (the Trainer's label smoother assumes shifted causal-LM labels);
+* label smoothing and `compute_loss_func` are refused (either would replace the ReFusion loss; the label
+  smoother also assumes shifted causal-LM labels);
 * `create_model_card` writes the ReFusion card (`hub_card`, the one `refusion publish` writes) from the live
   training state into `output_dir`, as trl's trainers do; `push_to_hub` calls it too. `save_model()` and every
   checkpoint write the card of what they saved (README.md, the training details up to that step).
@@ -68,6 +69,11 @@ class RefusionTrainer(Trainer):
             raise ValueError(
                 f"label_smoothing_factor is {self.args.label_smoothing_factor}, but the Trainer's label smoother "
                 "assumes shifted causal-LM labels and would replace the ReFusion loss; set it to 0."
+            )
+        if self.compute_loss_func is not None:
+            raise ValueError(
+                "compute_loss_func would replace the ReFusion loss (ar_loss + mdm_loss, which the model computes from "
+                "the collator's mdm_weights); drop it, or train another loss with transformers.Trainer."
             )
         if data_collator is None:
             self.data_collator = self._default_collator()
