@@ -62,8 +62,9 @@ class RefusionSFTCollator:
         return {"input_ids": input_ids, "prompt_length": prompt_length}
 
 
-def _refuse_row_merging(args) -> None:
-    """TRL options that would give the collator rows without one prompt / answer split, refused by name."""
+def _refuse_objective_changes(args) -> None:
+    """TRL options that would change the ReFusion objective (rows of several examples, another loss, a trained
+    prompt), refused by name."""
     packed = [name for name in ("packing", "eval_packing", "padding_free") if getattr(args, name, None)]
     if packed:
         raise ValueError(
@@ -98,7 +99,7 @@ class RefusionSFTTrainer(RefusionTrainer, SFTTrainer):
     """TRL's `SFTTrainer` with the ReFusion objective (see the module docstring). Arguments are `SFTTrainer`'s."""
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None, **kwargs):
-        _refuse_row_merging(args)
+        _refuse_objective_changes(args)
         train_dataset = _messages_as_prompt_completion(train_dataset)
         if isinstance(eval_dataset, dict):
             eval_dataset = {name: _messages_as_prompt_completion(data) for name, data in eval_dataset.items()}
