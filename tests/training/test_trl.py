@@ -185,8 +185,11 @@ def test_sft_config_pad_to_multiple_of_pads_the_refusion_batches(fixture_path, t
         train_dataset=prompt_completion(toy_records(4, seed=1)),
         processing_class=tokenizer,
     )
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    assert batch["input_ids"].shape[1] == 64 and "mdm_weights" in batch
+    features = [trainer.train_dataset[i] for i in range(4)]
+    longest = max(len(feature["input_ids"]) for feature in features)
+    assert longest % 64  # padding is needed to reach a multiple of 64
+    batch = trainer.data_collator(features)
+    assert batch["input_ids"].shape[1] == 64 * -(-longest // 64) and "mdm_weights" in batch
 
 
 def test_packing_under_trl_goes_through_the_refusion_collator(fixture_path, tokenizer, tmp_path):

@@ -24,7 +24,6 @@ task's filters and metrics. Added here is what makes the comparison fair:
 from __future__ import annotations
 
 import contextlib
-import operator
 import statistics
 import time
 from collections import defaultdict
@@ -170,9 +169,10 @@ class SideBySideLM(RefusionLM):
                 torch.manual_seed(seed)
                 record = decode(decoding)
                 first = kept.setdefault(decoding, record)
-                same = (torch.equal if isinstance(record.sequences, torch.Tensor) else operator.eq)(
-                    record.sequences, first.sequences
-                )
+                if isinstance(record.sequences, torch.Tensor):  # fixed batches: tokens; continuous: answers
+                    same = torch.equal(record.sequences, first.sequences)
+                else:
+                    same = record.sequences == first.sequences
                 if not same:
                     raise RuntimeError(
                         f"{decoding} decoding gave different tokens when repeated with the same seed, so repeats "

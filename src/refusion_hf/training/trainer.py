@@ -154,10 +154,11 @@ class RefusionTrainer(Trainer):
         for names in (dataset_tags, dataset):
             datasets += [names] if isinstance(names, str) else list(names or [])
         folder = Path(self.args.output_dir)
-        card = self._model_card(folder, model_name, finetuned_from, license, list(dict.fromkeys(datasets)) or None)
+        card = self._model_card(folder, model_name=model_name, finetuned_from=finetuned_from, license=license,
+                                datasets=list(dict.fromkeys(datasets)) or None)  # fmt: skip
         card.save(folder / "README.md")
 
-    def _model_card(self, folder: Path, model_name, finetuned_from, license, datasets):
+    def _model_card(self, folder: Path, *, model_name=None, finetuned_from=None, license=None, datasets=None):
         """The ReFusion card of the model or adapter saved in `folder`, with the training state so far."""
         from ..hub_card import build_adapter_card, build_model_card
         from ..hub_card.card import check_hub_id
@@ -204,9 +205,12 @@ class RefusionTrainer(Trainer):
             hub_id = self.args.hub_model_id
             name = hub_id.rsplit("/", 1)[-1] if hub_id else Path(self.args.output_dir).resolve().name
             try:
-                return self._model_card(folder, name, None, None, None).save(folder / "README.md")
+                card = self._model_card(folder, model_name=name)
             except ValueError as error:  # e.g. an adapter of a local base model: the card needs its Hub id
                 reason = f"{error} Call trainer.create_model_card(...) after saving."
+            else:
+                card.save(folder / "README.md")
+                return
         else:
             reason = "no tokenizer was saved with it (pass processing_class=)."
         if reason not in self._card_problems:
