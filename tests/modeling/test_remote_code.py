@@ -25,13 +25,15 @@ def test_save_writes_auto_map_and_flat_bundle(fixture_path, tmp_path):
     }
     written = sorted(p.name for p in tmp_path.glob("*.py"))
     assert {"configuration_refusion.py", "modeling_refusion.py", "refusion_decoder.py"} <= set(written)
-    for path in tmp_path.glob("*.py"):
+    for path in [*tmp_path.glob("*.py"), *tmp_path.glob("custom_generate/*.py")]:
+        first_line = path.read_text().splitlines()[0]
+        assert first_line.startswith("# Generated from refusion_hf.") and "make embedded-bundle" in first_line, path
         for line in path.read_text().splitlines():
             statement = line.strip()
             assert not statement.startswith(("from ..", "from refusion_hf", "import refusion_hf")), line
             if statement.startswith("from ."):
                 module = statement.split()[1][1:]
-                assert (tmp_path / f"{module}.py").exists(), f"{path.name} imports missing sibling {module}"
+                assert (path.parent / f"{module}.py").exists(), f"{path.name} imports missing sibling {module}"
 
 
 def test_flatten_rewrites_every_relative_form():
