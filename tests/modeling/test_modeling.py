@@ -91,14 +91,67 @@ def test_additive_4d_block_diagonal_mask(model64, stock64):
         torch.testing.assert_close(results[0][:, span], alone, rtol=1e-10, atol=1e-10)
 
 
-def test_packed_sequence_trap_cannot_hit_our_model(model64, stock64):
-    """transformers 5.24 treats non-monotonic position_ids without a mask and without a cache as packed
-    sequences (attention cut at each position jump). Ours always attends causally over the whole buffer."""
-    reference = stock64(input_ids=TOKENS, position_ids=PERMUTED, attention_mask=ones(22), use_cache=False).logits
-    trapped = stock64(input_ids=TOKENS, position_ids=PERMUTED, use_cache=False).logits
-    assert not torch.allclose(trapped, reference), "the trap no longer exists in this transformers version"
-    ours = model64(input_ids=TOKENS, position_ids=PERMUTED, use_cache=False).logits
-    assert torch.equal(ours, reference)
+# Two sequences packed in one row, padding-free: the position ids restart where the second one begins.
+FIRST, SECOND = PROMPT[:, :7], TOKENS[:, 12:17]
+PACKED = torch.cat([FIRST, SECOND], dim=1)
+PACKED_POSITIONS = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]])
+
+
+def pair(fixture_path, attn_implementation):
+    """Ours and stock Qwen3 with the fixture's weights, float64, one attention implementation."""
+    load = dict(dtype=torch.float64, attn_implementation=attn_implementation)
+    ours = RefusionForCausalLM.from_pretrained(fixture_path, **load).eval()
+    return ours, Qwen3ForCausalLM.from_pretrained(fixture_path, **load).eval()
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_padding_free_packing_is_stocks(fixture_path, attn_implementation):
+    """Without ReFusion's training fields, position-id restarts without a mask are packed sequences, as in stock
+    Qwen3 (transformers' DataCollatorWithFlattening, TRL's padding-free batches): each attends only to itself."""
+    ours, stock = pair(fixture_path, attn_implementation)
+    labels = PACKED.clone()
+    labels[:, 7] = -100  # the second sequence's first token is not predicted from the first sequence
+    for use_cache in (False, None):  # None: config.use_cache, under which stock builds a cache and does not unpack
+        inputs = dict(input_ids=PACKED, position_ids=PACKED_POSITIONS, labels=labels, use_cache=use_cache)
+        mine, theirs = ours(**inputs), stock(**inputs)
+        assert torch.equal(mine.logits, theirs.logits)
+        assert torch.equal(mine.loss, theirs.loss)
+    packed = ours(input_ids=PACKED, position_ids=PACKED_POSITIONS, use_cache=False).logits
+    torch.testing.assert_close(packed[:, :7], ours(input_ids=FIRST).logits, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(packed[:, 7:], ours(input_ids=SECOND).logits, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_refusion_training_layout_keeps_causal_attention_over_the_row(fixture_path, attn_implementation):
+    """A `RefusionDataCollator` batch (`mdm_weights`) has permuted position ids on purpose: without an attention
+    mask it still attends causally over the whole row, as with the collator's mask and as stock Qwen3 with an
+    all-ones mask, not as stock without one (which would cut attention at every position jump)."""
+    from refusion_hf import RefusionDataCollator
+
+    ours, stock = pair(fixture_path, attn_implementation)
+    collator = RefusionDataCollator(mask_token_id=3, pad_token_id=0, slot_sizes=(2,), seed=1)
+    batch = collator([{"input_ids": TOKENS[0].tolist(), "prompt_length": 12}])
+    positions = batch["position_ids"]
+    assert (positions.diff() != 1).any(), "the draw must permute some slots for this test to mean anything"
+    unmasked = {name: value for name, value in batch.items() if name != "attention_mask"}
+    with_mask, without_mask = ours(**batch), ours(**unmasked)
+    assert torch.equal(without_mask.logits, with_mask.logits)
+    assert torch.equal(without_mask.loss, with_mask.loss)
+    ids = batch["input_ids"]
+    causal = stock(input_ids=ids, position_ids=positions, attention_mask=torch.ones_like(ids), use_cache=False)
+    assert torch.equal(without_mask.logits, causal.logits)
+    cut = stock(input_ids=ids, position_ids=positions, use_cache=False)
+    assert not torch.allclose(cut.logits, causal.logits), "stock no longer cuts attention at position jumps"
+
+
+def test_logits_to_keep_is_stocks(model64, stock64):
+    assert model64._supports_logits_to_keep()
+    for keep in (1, 3, torch.tensor([0, 5, 11])):
+        ours = model64(input_ids=PROMPT, logits_to_keep=keep).logits
+        assert torch.equal(ours, stock64(input_ids=PROMPT, logits_to_keep=keep).logits)
+    assert model64(input_ids=PROMPT, logits_to_keep=1).logits.shape == (1, 1, 64)
+    with pytest.raises(ValueError, match="`logits_to_keep` must be 0 with the ReFusion loss"):
+        model64(input_ids=PROMPT, labels=PROMPT, mdm_weights=torch.ones(1, 12), logits_to_keep=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
