@@ -89,8 +89,9 @@ class PackedCausalLMCollator(DataCollatorMixin):
     causal mask from the position restarts, but only when the forward has no cache, and a model whose config has
     `use_cache=True` (the default) creates one even in training: the packed examples would then silently attend
     to each other (measured with transformers 5.24), hence `use_cache=False` in every batch.
-    This is for models that read position restarts this way (stock transformers models); `RefusionForCausalLM`
-    reads position ids as permuted positions instead, so pack its batches with `RefusionDataCollator`.
+    This is for models that read position restarts this way: stock transformers models, and `RefusionForCausalLM`
+    trained autoregressively (its batches without `mdm_weights` are read as stock); ReFusion batches are packed by
+    `RefusionDataCollator(packing_length=...)`, whose permuted positions need its explicit mask.
     """
 
     tokenizer: Any = None
