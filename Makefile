@@ -9,10 +9,13 @@ PROMPT ?= Ann has 12 apples. She buys 5 more. Then she gives away 3. How many ap
 .PHONY: install test lint demo embedded-bundle
 
 $(STAMP): setup.cfg pyproject.toml
-	@# bubblewrap: the OS sandbox for generated code (refusion eval --allow-code-execution and its tests)
-	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
-		{ echo "install bubblewrap (sudo apt-get install bubblewrap): the code-execution sandbox needs it" >&2; exit 1; }
+	@# bubblewrap and libseccomp's Python bindings (for Debian's python3): the OS sandbox for generated code and
+	@# its system-call filter (refusion eval --allow-code-execution and its tests)
+	{ command -v bwrap >/dev/null && /usr/bin/python3 -c 'import seccomp' 2>/dev/null; } || \
+		{ [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap python3-seccomp >/dev/null; } || \
+		{ echo "install bubblewrap and python3-seccomp (sudo apt-get install bubblewrap python3-seccomp): the" \
+		"code-execution sandbox needs them" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev]"

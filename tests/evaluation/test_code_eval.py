@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from refusion_hf.evaluation.code_eval import SandboxedCodeEval, execution_timeout, pass_at_k, sandboxed_code_eval
+from tests.evaluation.test_verdict import EARLY_EXITS
 
 ADD_TEST = "assert add(2, 3) == 5"
 
@@ -28,6 +29,23 @@ def test_pass_at_k_and_per_candidate_results(monkeypatch):
     assert [entry["passed"] for _, entry in results[0]] == [True, False]
     assert [completion for completion, _ in results[1]] == [0, 1]
     assert results[1][0][1]["result"].startswith("failed")
+
+
+def test_a_wrong_answer_with_an_early_exit_scores_nothing(monkeypatch):
+    """Each task: a wrong answer, and the same answer with an exit trick (scored pass@1 = 0.5 when the verdict was
+    the exit status; test_verdict.py tries every trick); one more task, a right and a wrong answer, still counts."""
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    right, wrong = "def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a * b\n"
+    tricks = [
+        EARLY_EXITS[name]
+        for name in ("sys.exit(0) before the tests", "os._exit(0)", "atexit handler calling os._exit(0)")
+    ]
+    predictions = [[wrong, wrong + trick] for trick in tricks] + [[right, wrong]]
+    scores, results = SandboxedCodeEval().compute(
+        references=[ADD_TEST] * len(predictions), predictions=predictions, k=[1], num_workers=2
+    )
+    assert scores == {"pass@1": pytest.approx(0.5 / len(predictions))}
+    assert [entry["passed"] for task in results.values() for _, entry in task][-2:] == [True, False]
 
 
 def test_no_execution_without_the_opt_in(monkeypatch):

