@@ -20,6 +20,7 @@ COMMANDS = {
     "publish": "refusion_hf.hub_card.cli",
     "train": "refusion_hf.training.train_cli",
     "convert": "refusion_hf.training.convert",
+    "serve": "refusion_hf.serving.cli",
 }
 
 

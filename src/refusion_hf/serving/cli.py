@@ -1,0 +1,91 @@
+"""`refusion serve [MODEL]`: an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`) with
+ReFusion decoding, built on `transformers serve` (`server.py` says which parts of it are extended). uvicorn runs
+the app until SIGINT / SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..command_inputs import (
+    CommandError,
+    check_checkpoint_folder,
+    check_tokenizer_files,
+    first_line,
+    positive_int,
+    require_extra,
+)
+from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
+from ..modeling.loading import DTYPES, default_model_path
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port (0 lets the system pick a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {value}")
+    return value
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    parser.add_argument("model", nargs="?", default=None, help="local folder or Hub id (default: the embedded model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument(
+        "--dtype", default="auto", choices=DTYPES, help="default: the checkpoint's own (the embedded model: bfloat16)"
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="`device_map` for from_pretrained: auto (every visible GPU, else the CPU), cpu, cuda:0, ...",
+    )
+    parser.add_argument("--attn-implementation", default=None, help="e.g. sdpa, eager, flash_attention_2")
+    parser.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="decode the requests waiting at each moment together, through the model's generate_batch "
+        "(default: one request at a time)",
+    )
+    parser.add_argument(
+        "--max-requests-per-batch",
+        type=positive_int,
+        default=None,
+        help=f"rows decoded at once with --continuous-batching (default {DEFAULT_BATCH_ROWS})",
+    )
+    parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    require_extra("serving", "fastapi", "uvicorn", "openai")
+    if args.max_requests_per_batch is not None and not args.continuous_batching:
+        raise CommandError("--max-requests-per-batch sets the rows of --continuous-batching: pass both, or neither.")
+    import uvicorn
+
+    from .server import build_app
+
+    model = args.model if args.model is not None else str(default_model_path())
+    check_checkpoint_folder(model, "MODEL")
+    check_tokenizer_files(model, "MODEL")
+    try:
+        app, state = build_app(
+            model,
+            dtype=args.dtype,
+            device=args.device,
+            attn_implementation=args.attn_implementation,
+            continuous_batching=args.continuous_batching,
+            max_requests_per_batch=args.max_requests_per_batch or DEFAULT_BATCH_ROWS,
+        )
+    except (OSError, ValueError) as error:
+        raise CommandError(f"MODEL {model}: the checkpoint does not load ({first_line(error)}).") from None
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    try:
+        server.run()  # until SIGINT / SIGTERM: uvicorn finishes the requests in flight, then re-raises the signal
+    except KeyboardInterrupt:  # SIGINT after that clean shutdown
+        pass
+    finally:
+        state.shutdown()
+    return 0

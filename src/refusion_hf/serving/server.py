@@ -1,0 +1,385 @@
+"""`refusion serve`'s server: `transformers serve` (transformers 5.24, `transformers.cli.serving`) with ReFusion
+decoding.
+
+transformers serve does the work: the FastAPI app and its routes (`build_server`), request validation against the
+OpenAI schemas, the chat template, SSE streaming (its `DirectStreamer`), usage accounting and finish reasons, the
+inference thread that runs one `generate()` at a time, model loading options (dtype, `device_map`, attention
+implementation, quantization) and uvicorn. What this module extends, and why:
+
+* `RefusionModelManager(ModelManager)`: serve resolves a model's class as
+  `getattr(transformers, config.architectures[0])`, which fails for `RefusionForCausalLM` and would load an
+  official checkpoint (`architectures: ["Qwen3ForCausalLM"]`) as the stock class, which decodes autoregressively.
+  Here every checkpoint loads through `RefusionForCausalLM.from_pretrained` with serve's own loading options,
+  whatever its `architectures` or `auto_map` say, without running the folder's code; the processor is the tokenizer.
+* `RefusionRequests`, mixed into serve's `ChatCompletionHandler` and `CompletionHandler`: serve logs a warning and
+  ignores the OpenAI fields it does not implement (`n`, `presence_penalty`, `logprobs`, ...): here a value other than
+  the neutral one is an HTTP 422 naming the field. `temperature` / `top_p` sample (serve only sets them, which leaves
+  a greedy checkpoint greedy); `temperature: 0` is greedy. The request's `seed` is applied on the thread that decodes
+  it, right before its own decoding (serve seeds the global RNG when the request arrives, which a request decoding at
+  that moment would consume).
+* `SequentialGenerateManager(GenerateManager)` (the default): serve's one-`generate()`-at-a-time inference thread;
+  each request's generation config is checked against ReFusion decoding before anything is answered, so a refused
+  argument (`frequency_penalty`, which serve maps to `repetition_penalty`) is an HTTP 400 naming it rather than a 500
+  or an error event after a 200.
+* `ContinuousBatchManager` (`--continuous-batching`): serve's own manager drives transformers' paged-attention
+  continuous batching (`init_continuous_batching`), which decodes autoregressively and takes the first request's
+  generation config for all. Here a worker thread takes every waiting request, groups them by generation config and
+  decodes each group with the model's `generate_batch` (ReFusion continuous batching in the ragged cache: at most
+  `max_requests_per_batch` rows at once, a finished row's place taken by the next request of the group); requests
+  that need a per-request RNG (`seed`) or stopping criteria (`stop`) decode one at a time on the same worker.
+  Requests that arrive while a group decodes wait for the next round (`generate_batch` takes its requests up front).
+  Streamed answers arrive when their request finishes (`generate_batch` does not stream).
+* `RefusionGenerationState(GenerationState)`: hands those managers out.
+* `/v1/responses`, `/v1/systemone` and `/v1/audio/transcriptions` are not served (HTTP 501 naming the two endpoints
+  that are).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from fastapi import HTTPException
+from transformers import AutoTokenizer, ContinuousBatchingConfig
+from transformers.cli.serving.chat_completion import ChatCompletionHandler
+from transformers.cli.serving.completion import CompletionHandler
+from transformers.cli.serving.model_manager import ModelManager
+from transformers.cli.serving.server import build_server
+from transformers.cli.serving.utils import (
+    BaseGenerateManager,
+    DirectStreamer,
+    GenerateManager,
+    GenerationState,
+    _GenerationCancelled,
+    _StreamError,
+    split_revision,
+)
+
+from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config, refuse_unsupported
+from ..generation.refusion_generation_config import sampling_arguments
+from ..modeling.modeling_refusion import RefusionForCausalLM
+
+# The OpenAI fields serve accepts but ignores, at the values that ask for nothing (any other value is refused).
+NEUTRAL_VALUES = {
+    "n": 1,
+    "best_of": 1,
+    "echo": False,
+    "logprobs": False,
+    "presence_penalty": 0,
+    "parallel_tool_calls": True,
+    "stream_options": {"include_usage": True},  # serve sends the usage with the last chunk anyway
+}
+SERVED_ENDPOINTS = "/v1/chat/completions and /v1/completions"
+
+# The `seed` of the request being handled: set by the handler, read where the request is submitted for decoding
+# (the same asyncio task), applied on the decoding thread.
+REQUEST_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("refusion_request_seed", default=None)
+
+
+class RefusionModelManager(ModelManager):
+    """serve's model manager, loading every checkpoint as a `RefusionForCausalLM` (see the module docstring)."""
+
+    def _load_processor(self, model_id_and_revision: str, gguf_file: str | None = None):
+        model_id, revision = split_revision(model_id_and_revision)
+        return AutoTokenizer.from_pretrained(model_id, revision=revision)
+
+    def _load_model(self, model_id_and_revision: str, tqdm_class=None, progress_callback=None, gguf_file=None):
+        model_id, revision = split_revision(model_id_and_revision)
+        options = dict(revision=revision, dtype=self.dtype, device_map=self.device, tqdm_class=tqdm_class)
+        if self.attn_implementation is not None:
+            options["attn_implementation"] = self.attn_implementation
+        quantization_config = self.get_quantization_config()
+        if quantization_config is not None:
+            options["quantization_config"] = quantization_config
+        if progress_callback is not None:
+            progress_callback({"status": "loading", "model": model_id_and_revision, "stage": "weights"})
+        return RefusionForCausalLM.from_pretrained(model_id, **options).eval()
+
+
+def check_generation_config(model, config) -> None:
+    """HTTP 400 naming the first field of a request's generation config that the model's generate() refuses (the
+    checks generate() itself makes first: stock value validation, then ReFusion's refusals)."""
+    try:
+        merged, _ = merge_generation_config(model, config, {})
+        merged.validate()
+        if merged.decoding == "refusion":
+            refuse_unsupported(merged, {}, defaultdict(lambda: None))
+    except ValueError as error:
+        raise HTTPException(status_code=400, detail=str(error)) from None
+
+
+def _seeded(fn: Callable, seed: int | None) -> Callable:
+    """`fn` that seeds torch's RNG first, on whichever thread runs it."""
+    if seed is None:
+        return fn
+
+    def run(*args, **kwargs):
+        torch.manual_seed(seed)
+        return fn(*args, **kwargs)
+
+    return run
+
+
+class RefusionRequests:
+    """What `refusion serve` adds to a serve handler (see the module docstring); mixed in before the handler."""
+
+    def _validate_request(self, body: dict) -> None:
+        super()._validate_request(body)  # 422 for fields that no OpenAI schema has
+        refused = sorted(
+            name
+            for name in set(body) & self._unused_fields
+            if body[name] is not None and body[name] != NEUTRAL_VALUES.get(name, object())
+        )
+        if refused:
+            raise HTTPException(
+                status_code=422,
+                detail=f"refusion serve does not support {refused} (transformers serve would ignore them): leave "
+                f"them out{' (`n`: send n requests)' if 'n' in refused else ''}.",
+            )
+        REQUEST_SEED.set(body.pop("seed", None))  # applied where the request decodes, not here (serve's place)
+
+    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
+        # `use_cb` only turns the KV cache off for transformers' paged cache; ReFusion's batches keep their own cache.
+        config = super()._build_generation_config(body, model_generation_config, use_cb=False)
+        if body.get("temperature") is not None:
+            config.update(**sampling_arguments(float(body["temperature"])))
+        elif body.get("top_p") is not None:
+            config.do_sample = True  # top_p alone samples at the model's temperature, as OpenAI's API does
+        return config
+
+
+class RefusionChatCompletionHandler(RefusionRequests, ChatCompletionHandler):
+    """serve's `/v1/chat/completions` handler with `RefusionRequests`."""
+
+
+class RefusionCompletionHandler(RefusionRequests, CompletionHandler):
+    """serve's `/v1/completions` handler with `RefusionRequests`."""
+
+
+class NotServed:
+    """A serve endpoint `refusion serve` does not offer: HTTP 501 naming the ones it does."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    async def handle_request(self, *args, **kwargs):
+        raise HTTPException(
+            status_code=501, detail=f"refusion serve does not serve {self.endpoint}; use {SERVED_ENDPOINTS}."
+        )
+
+
+class SequentialGenerateManager(GenerateManager):
+    """serve's inference thread (one `generate()` at a time), checking each request's generation config before it
+    is answered and seeding each request on that thread."""
+
+    def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):
+        check_generation_config(model, gen_config)
+        return super().generate_streaming(model, processor, inputs, gen_config, request_id, response_parser)
+
+    async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
+        check_generation_config(model, gen_config)
+        try:
+            return await super().generate_non_streaming(model, processor, inputs, gen_config, request_id)
+        except ValueError as error:  # what generate() refuses about this request's inputs
+            raise HTTPException(status_code=400, detail=str(error)) from None
+
+    def submit(self, fn, *args, **kwargs):
+        return super().submit(_seeded(fn, REQUEST_SEED.get()), *args, **kwargs)
+
+    def async_submit(self, fn, *args, **kwargs):
+        return super().async_submit(_seeded(fn, REQUEST_SEED.get()), *args, **kwargs)
+
+
+@dataclass
+class BatchRequest:
+    """A request waiting for `ContinuousBatchManager`'s worker; `deliver` gets its answer's token ids or the error
+    (called on the worker thread)."""
+
+    input_ids: list[int]
+    config: object  # GenerationConfig
+    seed: int | None
+    deliver: Callable[[list[int] | BaseException], None]
+
+    def group_key(self) -> str:
+        return json.dumps([self.config.to_dict(), self.seed], sort_keys=True, default=str)
+
+    def decodes_alone(self) -> bool:
+        return self.seed is not None or self.config.stop_strings is not None
+
+
+class ContinuousBatchManager(BaseGenerateManager):
+    """ReFusion continuous batching behind serve's generation-manager interface (see the module docstring)."""
+
+    def __init__(self, max_requests_per_batch: int = DEFAULT_BATCH_ROWS):
+        self.max_requests_per_batch = max_requests_per_batch
+        self.fatal_error: BaseException | None = None
+        self._requests: queue.Queue[BatchRequest] = queue.Queue()
+        self._stopping = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._model = self._tokenizer = None
+
+    def init_cb(self, model, gen_config) -> None:
+        """Starts the worker for `model` (once). `gen_config` is the first request's: each request keeps its own."""
+        if self._worker is None:
+            self._model = model
+            self._worker = threading.Thread(target=self._run, name="refusion-batches", daemon=True)
+            self._worker.start()
+
+    def is_alive(self) -> bool:
+        return self.fatal_error is None
+
+    def _submit(self, model, processor, inputs, gen_config, deliver) -> None:
+        if self.fatal_error is not None:
+            raise HTTPException(status_code=503, detail=f"the decoding worker died: {self.fatal_error}")
+        check_generation_config(model, gen_config)
+        self._tokenizer = processor
+        self._requests.put(BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver))
+
+    async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+
+        def settle(result):
+            if answer.done():
+                return
+            if isinstance(result, BaseException):
+                answer.set_exception(result)
+            else:
+                answer.set_result(result)
+
+        self._submit(model, processor, inputs, gen_config, lambda result: loop.call_soon_threadsafe(settle, result))
+        try:
+            generated = await answer
+        except ValueError as error:
+            raise HTTPException(status_code=400, detail=str(error)) from None
+        return processor.decode(generated, skip_special_tokens=True), len(inputs["input_ids"]), generated
+
+    def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue = asyncio.Queue()
+        streamer = DirectStreamer(processor._tokenizer, loop, chunks, response_parser=response_parser)
+        prompt = torch.tensor(list(inputs["input_ids"]))
+
+        def deliver(result):
+            if isinstance(result, BaseException):
+                loop.call_soon_threadsafe(chunks.put_nowait, _StreamError(str(result)))
+                return
+            try:
+                streamer.put(prompt)  # serve's streamer skips the first put (the prompt), as from generate()
+                streamer.put(torch.tensor(result, dtype=torch.long))
+                streamer.end()
+            except _GenerationCancelled:  # the client went away
+                loop.call_soon_threadsafe(chunks.put_nowait, None)
+
+        self._submit(model, processor, inputs, gen_config, deliver)
+        return chunks, streamer
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    waiting = [self._requests.get(timeout=0.05)]
+                except queue.Empty:
+                    continue
+                while True:
+                    try:
+                        waiting.append(self._requests.get_nowait())
+                    except queue.Empty:
+                        break
+                groups: dict[str, list[BatchRequest]] = {}
+                for request in waiting:
+                    groups.setdefault(request.group_key(), []).append(request)
+                for group in groups.values():
+                    self._decode_group(group)
+        except BaseException as error:  # noqa: BLE001 - reported to every later request and by /health
+            self.fatal_error = error
+            raise
+
+    def _decode_group(self, group: list[BatchRequest]) -> None:
+        """One generation config: `generate_batch` for all, else (seeded, stop strings, or a batch that failed on
+        one request's prompt) one at a time, so that an error reaches only its request."""
+        if len(group) > 1 and not group[0].decodes_alone():
+            rows = ContinuousBatchingConfig(max_requests_per_batch=self.max_requests_per_batch)
+            try:
+                results = self._model.generate_batch(
+                    [r.input_ids for r in group], generation_config=group[0].config, continuous_batching_config=rows
+                )
+            except ValueError:
+                pass
+            else:
+                for index, request in enumerate(group):
+                    request.deliver(results[f"req_{index}"].generated_tokens)
+                return
+        for request in group:
+            try:
+                if request.seed is not None:
+                    torch.manual_seed(request.seed)
+                prompt = torch.tensor([request.input_ids], device=self._model.device)
+                out = self._model.generate(prompt, generation_config=request.config, tokenizer=self._tokenizer)
+                request.deliver(out[0, prompt.shape[1] :].tolist())
+            except Exception as error:  # noqa: BLE001 - the request's own error, delivered to it
+                request.deliver(error)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._worker is not None:
+            self._worker.join(timeout=5)
+
+
+class RefusionGenerationState(GenerationState):
+    """serve's generation state, handing out `SequentialGenerateManager`s, or with continuous batching one
+    `ContinuousBatchManager`."""
+
+    def __init__(self, continuous_batching: bool = False, max_requests_per_batch: int = DEFAULT_BATCH_ROWS):
+        super().__init__(continuous_batching=continuous_batching)
+        self.max_requests_per_batch = max_requests_per_batch
+
+    def get_manager(self, model_id: str, use_cb: bool = False) -> BaseGenerateManager:
+        if use_cb:
+            if self._cb_model_id != model_id and self._cb_manager is not None:
+                self._cb_manager.stop()
+                self._cb_manager = None
+            if self._cb_manager is None:
+                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch)
+                self._cb_model_id = model_id
+            return self._cb_manager
+        return self._generate_managers.setdefault(model_id, SequentialGenerateManager())
+
+
+def build_app(
+    model: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    attn_implementation: str | None = None,
+    continuous_batching: bool = False,
+    max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
+    enable_cors: bool = False,
+):
+    """serve's FastAPI app (`build_server`) for one model, loaded now, with ReFusion decoding. Returns
+    `(app, generation_state)`; `generation_state.shutdown()` stops the decoding worker."""
+    models = RefusionModelManager(
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        continuous_batching=continuous_batching,
+        force_model=model,
+    )
+    state = RefusionGenerationState(continuous_batching, max_requests_per_batch)
+    app = build_server(
+        models,
+        RefusionChatCompletionHandler(model_manager=models, generation_state=state),
+        completion_handler=RefusionCompletionHandler(model_manager=models, generation_state=state),
+        response_handler=NotServed("/v1/responses"),
+        transcription_handler=NotServed("/v1/audio/transcriptions"),
+        systemone_handler=NotServed("/v1/systemone"),
+        generation_state=state,
+        enable_cors=enable_cors,
+    )
+    return app, state
