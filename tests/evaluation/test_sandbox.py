@@ -88,6 +88,7 @@ def test_isolation_is_reported():
     report = isolation_report()
     assert report["tool"].startswith("bubblewrap")
     assert set(report["namespaces"]) >= {"user", "mount", "pid", "network"}
+    assert report["nested_user_namespaces"] == "disabled" and report["seccomp"].startswith("libseccomp filter")
 
 
 def test_unavailable_sandbox_refuses_with_the_fix(monkeypatch):
@@ -100,6 +101,13 @@ def test_unavailable_sandbox_refuses_with_the_fix(monkeypatch):
         sandbox._sandbox.cache_clear()
     monkeypatch.undo()
     assert run_program("pass", allow_code_execution=True).passed
+
+
+def test_a_missing_seccomp_binding_refuses_with_the_fix():
+    """This package's interpreter has no libseccomp bindings (Debian's python3 does): building the filter with it
+    is refused with the package to install."""
+    with pytest.raises(SandboxUnavailable, match=r"cannot import `seccomp`: install python3-seccomp \(`apt-get"):
+        sandbox._seccomp_filter(sys.executable)
 
 
 def test_arguments_are_checked():

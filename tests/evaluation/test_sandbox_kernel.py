@@ -1,0 +1,293 @@
+"""The sandbox's kernel surface: every system call of `DENIED_SYSCALLS` (and clone with a namespace flag, clone3,
+a nested user namespace) is first made unsandboxed, where it reaches the kernel (it succeeds, or fails on its
+arguments: never with the filter's errno), then inside the sandbox, where the filter refuses it. Then the memory a
+run can hold: every writable path filled stops at its cap, forked children together stop at `memory_limit_mb`,
+and concurrent runs do not share their process limit."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from refusion_hf.evaluation import sandbox
+from refusion_hf.evaluation.sandbox import run_program
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="unsandboxed, several of these calls need root to succeed")
+
+# One call per system call, with arguments that do no harm on the host as root: the ones that change something act
+# on the probe's own process, keyring, private mount namespace or objects it removes; the kernel's own calls
+# (kexec, modules, reboot, swap, acct) get invalid arguments, so unsandboxed they fail on those (EINVAL, ENOENT,
+# EBADF; ENOSYS where the kernel lacks them), never with EPERM.
+PROBE = r"""
+import ctypes, errno, json, os, signal, tempfile
+NR, SANDBOXED = {numbers}, {sandboxed}
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L, NULL = ctypes.c_long, None
+outcomes = {{}}
+
+def call(name, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(L(NR[name]), *[L(a) if isinstance(a, int) else a for a in args])
+    outcomes[name] = 0 if result >= 0 else ctypes.get_errno()
+    return result
+
+def buffer(size, *words):
+    data = ctypes.create_string_buffer(size)
+    ctypes.memmove(data, (ctypes.c_uint32 * len(words))(*words), 4 * len(words))
+    return data
+
+def close(fd):
+    if fd >= 0:
+        os.close(fd)
+
+close(call("io_uring_setup", 1, buffer(120)))
+call("io_uring_enter", -1, 0, 0, 0, NULL, 0)
+call("io_uring_register", -1, 0, NULL, 0)
+call("keyctl", 0, -2, 1)  # KEYCTL_GET_KEYRING_ID of the process keyring, created
+call("add_key", b"user", b"refusion-probe", b"x", 1, -2)
+call("request_key", b"user", b"refusion-probe", NULL, 0)
+child = os.fork()
+if child == 0:
+    signal.pause()
+    os._exit(0)
+call("ptrace", 16, child, 0, 0)  # PTRACE_ATTACH
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+word, copy = ctypes.c_long(7), ctypes.c_long(0)
+local = (ctypes.c_void_p * 2)(ctypes.addressof(copy), 8)
+remote = (ctypes.c_void_p * 2)(ctypes.addressof(word), 8)
+call("process_vm_readv", os.getpid(), local, 1, remote, 1, 0)
+call("process_vm_writev", os.getpid(), remote, 1, local, 1, 0)
+close(call("bpf", 0, buffer(72, 2, 4, 4, 1), 72))  # BPF_MAP_CREATE: an array map of one 4-byte value
+close(call("perf_event_open", buffer(128, 1, 128), 0, -1, -1, 0))  # a software clock of this process
+close(call("userfaultfd", 1))  # UFFD_USER_MODE_ONLY
+call("unshare", 0x00020000 | 0x04000000)  # a mount and a UTS namespace of the probe's own
+mountpoint = tempfile.mkdtemp()
+call("mount", b"none", b"/", NULL, 0x4000 | 0x40000, NULL)  # MS_REC | MS_PRIVATE: nothing propagates out
+call("mount", b"none", mountpoint.encode(), b"tmpfs", 0, b"size=1m")
+call("umount2", mountpoint.encode(), 0)
+os.rmdir(mountpoint)
+namespace = os.open("/proc/self/ns/uts", os.O_RDONLY)
+call("setns", namespace, 0x04000000)
+os.close(namespace)
+call("pivot_root", b"/refusion-no-such-dir", b"/refusion-no-such-dir")
+call("chroot", b"/refusion-no-such-dir")
+close(call("open_tree", -100, b"/", 0))
+call("move_mount", -1, b"", -1, b"", 0)
+close(call("fsopen", b"tmpfs", 0))
+call("fsconfig", -1, 0, NULL, NULL, 0)
+call("fsmount", -1, 0, 0)
+close(call("fspick", -100, b"/", 0))
+call("mount_setattr", -1, b"", 0, NULL, 0)
+call("kexec_load", 0, 0, NULL, 0x100)  # an unknown flag: EINVAL before anything is loaded
+call("kexec_file_load", -1, -1, 0, NULL, 0x100)
+call("init_module", NULL, 0, b"")
+call("finit_module", -1, b"", 0)
+call("delete_module", b"refusion_no_such_module", 0o4000)
+call("reboot", 0, 0, 0, NULL)  # a wrong magic number: EINVAL
+call("swapon", b"/refusion-no-such-file", 0)
+call("swapoff", b"/refusion-no-such-file")
+call("acct", b"/refusion-no-such-dir/file")
+call("quotactl", 0, b"/refusion-no-such-dev", 0, NULL)
+call("syslog", 10, NULL, 0)  # SYSLOG_ACTION_SIZE_BUFFER
+call("uselib", b"/refusion-no-such-file")
+call("lookup_dcookie", 0, NULL, 0)
+call("name_to_handle_at", -100, b"/", buffer(136, 128), buffer(4), 0)
+call("open_by_handle_at", -1, buffer(16, 8), 0)
+close(call("fanotify_init", 0, 0))
+close(call("memfd_create", b"refusion-probe", 0))
+close(call("memfd_secret", 0))
+segment = call("shmget", 0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+if segment >= 0:
+    libc.shmctl(int(segment), 0, NULL)  # IPC_RMID
+queue = call("msgget", 0, 0o1600)
+if queue >= 0:
+    libc.msgctl(int(queue), 0, NULL)
+queue = call("mq_open", b"refusion-probe", os.O_CREAT | os.O_RDWR, 0o600, NULL)
+if queue >= 0:
+    os.close(queue)
+    libc.mq_unlink(b"/refusion-probe")
+call("clone3", NULL, 0)
+pid = call("clone", 0x10000000 | signal.SIGCHLD, 0, 0, 0, 0)  # a child in a new user namespace
+if pid == 0:
+    os._exit(0)
+if pid > 0:
+    os.waitpid(pid, 0)
+outcomes["clone"] = outcomes.pop("clone")
+expected = {{name: errno.ENOSYS if name == "clone3" else errno.EPERM for name in outcomes}}
+if SANDBOXED:
+    wrong = {{name: os.strerror(code) for name, code in outcomes.items() if code != expected[name]}}
+    assert not wrong, f"not refused by the filter: {{wrong}}"
+else:
+    print(json.dumps(outcomes))
+"""
+
+
+def syscall_numbers(names) -> dict:
+    """The machine's numbers, from libseccomp (the library that builds the filter)."""
+    program = "import json, sys, seccomp\nprint(json.dumps({n: seccomp.resolve_syscall(seccomp.Arch(), n) for n in "
+    program += "json.loads(sys.argv[1])}))"
+    out = subprocess.run(["/usr/bin/python3", "-I", "-c", program, json.dumps(names)], capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def test_each_denied_system_call_reaches_the_kernel_unsandboxed_and_is_refused_inside():
+    names = [*sandbox.DENIED_SYSCALLS, *sandbox.UNAVAILABLE_SYSCALLS, "clone"]
+    numbers = syscall_numbers(names)
+    plain = subprocess.run(
+        [sys.executable, "-I", "-c", PROBE.format(numbers=numbers, sandboxed=False)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    outcomes = json.loads(plain.stdout.splitlines()[-1])
+    assert set(outcomes) == set(names), "one probe per denied system call"
+    # ENOSYS unsandboxed only where this kernel lacks the call (kexec, modules, uselib, lookup_dcookie here)
+    refused = {name: os.strerror(code) for name, code in outcomes.items() if code == errno.EPERM}
+    assert not refused, f"unsandboxed, these did not reach the kernel: {refused}"
+    succeeded = {name for name, code in outcomes.items() if code == 0}
+    assert succeeded >= {
+        "io_uring_setup", "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev",
+        "bpf", "perf_event_open", "userfaultfd", "unshare", "setns", "mount", "umount2", "open_tree", "fsopen",
+        "fspick", "syslog", "name_to_handle_at", "fanotify_init", "memfd_create", "shmget", "msgget", "mq_open",
+        "clone",
+    }, outcomes  # fmt: skip
+    result = run_program(PROBE.format(numbers=numbers, sandboxed=True), allow_code_execution=True, timeout=20)
+    assert result.passed, result
+
+
+def test_no_nested_user_namespace():
+    """Unsandboxed, the program becomes root of a user namespace of its own and mounts a tmpfs there (what the
+    issue did inside the sandbox before); inside, creating the namespace fails."""
+    program = textwrap.dedent(
+        """
+        import ctypes, os, tempfile
+        libc = ctypes.CDLL(None, use_errno=True)
+        uid, target = os.getuid(), tempfile.mkdtemp()
+        created = libc.unshare(0x10000000 | 0x00020000) == 0  # CLONE_NEWUSER | CLONE_NEWNS
+        if created:
+            open('/proc/self/uid_map', 'w').write(f'0 {uid} 1')
+            if libc.mount(b'none', target.encode(), b'tmpfs', 0, None) == 0:
+                print('ESCAPED: mounted a tmpfs as root of a nested user namespace')
+                libc.umount2(target.encode(), 0)
+        os.rmdir(target)
+        """
+    )
+    plain = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, text=True, timeout=30)
+    assert "ESCAPED" in plain.stdout, plain.stderr
+    result = run_program(program + "assert not created\n", allow_code_execution=True)
+    assert result.passed, result
+
+
+# --------------------------------------------------------------------------------------------------- memory
+FILL = """
+import os
+caps = {caps}
+mounts = [line.split() for line in open('/proc/self/mounts')]
+writable_tmpfs = {{point for _, point, kind, options, *_ in mounts if kind == 'tmpfs' and 'rw' in options.split(',')}}
+assert writable_tmpfs == set(caps), writable_tmpfs
+filled = {{}}
+for point in ['/', '/sandbox', '/dev', '/proc', *caps]:
+    filled[point] = 0
+    try:
+        for index in range(1024):  # files of 1 MiB (the file-size limit), up to 1 GiB
+            with open(os.path.join(point, f'fill{{index}}'), 'wb') as handle:
+                filled[point] += handle.write(b'x' * 2**20)
+    except OSError:
+        pass
+wrong = {{point: size for point, size in filled.items() if size > caps.get(point, 0)
+                                                      or point in caps and size < caps[point] - 2**20}}
+assert not wrong, f'filled beyond (or short of) the cap: {{wrong}}'
+"""
+
+
+def test_every_writable_path_fills_up_to_its_cap_and_no_further():
+    caps = {"/work": sandbox.WORK_DIR_BYTES, "/dev/shm": sandbox.SHM_BYTES}
+    result = run_program(FILL.format(caps=caps), allow_code_execution=True, timeout=30)
+    assert result.passed, result
+
+
+def test_forked_children_together_hold_at_most_memory_limit_mb():
+    program = textwrap.dedent(
+        """
+        import os, sys, time
+        processes, attempt = {processes}, {attempt}
+        reader, writer = os.pipe()
+        children = []
+        for _ in range(processes - 1):
+            pid = os.fork()
+            if pid == 0:
+                children = None
+                break
+            children.append(pid)
+        blocks = []
+        try:
+            while len(blocks) * 4 < attempt:
+                blocks.append(b'x' * (4 * 2**20))  # touched: host memory, not just address space
+        except MemoryError:
+            pass
+        os.write(writer, f'{{len(blocks) * 4}} '.encode())
+        time.sleep(0.5)  # every process holds its blocks at once
+        if children is None:
+            os._exit(0)
+        for pid in children:
+            os.waitpid(pid, 0)
+        os.close(writer)
+        held = sum(int(size) for size in os.fdopen(reader).read().split())
+        """
+    )
+    processes, limit_mb = 4, 256
+    unsandboxed = program.format(processes=processes, attempt=128) + "print(held)\n"
+    plain = subprocess.run([sys.executable, "-I", "-c", unsandboxed], capture_output=True, text=True, timeout=60)
+    assert int(plain.stdout) == processes * 128 > limit_mb, "unsandboxed, the children hold more than the limit"
+    bounded = program.format(processes=processes, attempt=128) + f"assert {limit_mb // 2} < held <= {limit_mb}, held\n"
+    result = run_program(bounded, memory_limit_mb=limit_mb, max_processes=processes, allow_code_execution=True)
+    assert result.passed, result
+
+
+PROCESS_LIMIT_RUNS = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sandbox_under_test", {path!r})
+sandbox = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = sandbox
+spec.loader.exec_module(sandbox)
+forks = '''
+import os, time
+got = 0
+try:
+    for _ in range({{0}}):
+        if os.fork() == 0:
+            time.sleep(0.5)
+            os._exit(0)
+        got += 1
+except OSError:
+    pass
+assert got == {{0}}, f"got {{{{got}}}} of {{0}} forks"
+'''
+results = sandbox.run_programs([forks.format({forks}), forks.format({forks}), forks.format({forks} + 1)],
+                               max_processes={processes}, memory_limit_mb=48 * {processes},
+                               allow_code_execution=True, num_workers=3)
+print([result.passed for result in results])
+"""
+
+
+@pytest.mark.parametrize("caller", ["root", "non-root"])
+def test_concurrent_runs_each_have_their_own_process_limit(caller):
+    """Two runs at once each start all the processes their limit allows (before, for a non-root caller, both drew
+    on the caller's one RLIMIT_NPROC); one more than the limit fails. The non-root caller runs sandbox.py under
+    Debian's Python as an unused uid (this package's interpreter may not be readable to it)."""
+    processes = 8
+    program = PROCESS_LIMIT_RUNS.format(path=sandbox.__file__, forks=processes - 1, processes=processes)
+    if caller == "root":
+        command, user = [sys.executable, "-I", "-c", program], {}
+    else:
+        command, user = ["/usr/bin/python3", "-I", "-c", program], {"user": 60999, "group": 60999, "extra_groups": []}
+    out = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                         **user)  # fmt: skip
+    assert out.stdout.strip() == "[True, True, False]", out.stderr[-2000:]
