@@ -1,9 +1,17 @@
 """`refusion`, an lm-evaluation-harness model: lm-eval's `HFLM` with ReFusion's decoding knobs and speed figures.
 
-lm-eval does the rest (`HFLM`): loading (`pretrained`, `dtype`, `trust_remote_code`), tokenization, left-padded
-batches, chat templates (`--apply_chat_template`, `chat_template_args`, `enable_thinking`, as the authors evaluate),
-stop sequences, tasks, filters and metrics. Added here:
+lm-eval does the rest (`HFLM`): loading (`pretrained`, `dtype`, `peft`, ...), tokenization, left-padded batches,
+chat templates (`--apply_chat_template`, `chat_template_args`, `enable_thinking`, as the authors evaluate), stop
+sequences, tasks, filters and metrics. Added here:
 
+* every model folder loads as the installed package's `RefusionConfig` / `RefusionForCausalLM`, whatever its
+  config.json says: official checkpoints (`model_type: qwen3` plus a mask token, with or without the official
+  `auto_map`, whose remote code does not import on transformers 5) and the folders this package writes alike. So
+  decoding is always ReFusion's from the installed decoder, and no code of the folder runs: not its modeling or
+  configuration files, nor its `custom_generate/` (transformers would run that in place of `generate` for a model
+  loaded with `trust_remote_code=True`). `trust_remote_code` defaults to False, as in HFLM; True is passed on to
+  the tokenizer only (`AutoTokenizer` then runs a tokenizer `auto_map`'s code and the configuration code it needs),
+  with a warning that says so. lm-eval's own `hf` model is the one that runs a folder's modeling code;
 * model args `slot_size`, `block_size`, `slot_threshold`, `token_threshold`, `plan_ahead`, `decoding`, and
   `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it);
 * `continuous_batching=True`: each task's requests go to `model.generate_batch` (at most `batch_size` rows at
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -36,6 +45,7 @@ from lm_eval.models.huggingface import HFLM
 
 from ..generation.refusion_generate import answer_lengths, eos_token_ids
 from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
+from ..modeling import RefusionConfig, RefusionForCausalLM
 
 INSTANCES: list[RefusionLM] = []  # models lm-eval built from `--model refusion`: `refusion lm-eval` reads their figures
 KNOBS = (*DECODING_KNOBS, "decoding")  # model args that go to generate()
@@ -54,13 +64,32 @@ class GenerateRecord:
 
 @register_model("refusion")
 class RefusionLM(HFLM):
-    def __init__(self, pretrained, preset: str | None = None, continuous_batching: bool = False, **kwargs):
+    AUTO_MODEL_CLASS = RefusionForCausalLM  # HFLM loads `pretrained` with it: never the folder's auto_map classes
+
+    def __init__(
+        self,
+        pretrained,
+        preset: str | None = None,
+        continuous_batching: bool = False,
+        backend: str = "causal",
+        trust_remote_code: bool = False,
+        **kwargs,
+    ):
         knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
         if not isinstance(continuous_batching, bool):
             raise ValueError(f"model arg continuous_batching must be True or False, got {continuous_batching!r}.")
+        if backend != "causal":
+            raise ValueError(f"model arg backend={backend!r}: a ReFusion model is a causal LM; drop the argument.")
+        if trust_remote_code:
+            warnings.warn(
+                "trust_remote_code=True reaches the tokenizer only (AutoTokenizer may run the folder's tokenizer and "
+                "configuration code): the `refusion` model always loads the installed refusion_hf classes and "
+                "decodes with them, so the folder's modeling code and custom_generate/ do not run (lm-eval's `hf` "
+                "model runs them).",
+                stacklevel=2,
+            )
         self.continuous_batching = continuous_batching
-        kwargs.setdefault("trust_remote_code", True)
-        super().__init__(pretrained=pretrained, **kwargs)
+        super().__init__(pretrained=pretrained, backend=backend, trust_remote_code=trust_remote_code, **kwargs)
         preset_knobs = preset_settings(preset) if preset is not None else {}
         preset_knobs.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
         self.decoding_kwargs = {**preset_knobs, **knobs}
@@ -69,6 +98,18 @@ class RefusionLM(HFLM):
             lambda: {"requests": 0, "tokens": 0, "forward_passes": 0, "seconds": 0.0}
         )
         self._task = None
+
+    def _get_config(self, pretrained, *, revision="main", trust_remote_code=False, gguf_file=None, subfolder=""):
+        """The folder's config as a `RefusionConfig` (an official `model_type: qwen3` config included), without its
+        `auto_map`'s code."""
+        self._config = RefusionConfig.from_pretrained(
+            pretrained, revision=revision, gguf_file=gguf_file, subfolder=subfolder
+        )
+
+    def _create_model(self, *args, trust_remote_code=False, **kwargs):
+        """HFLM's, with `AUTO_MODEL_CLASS` and without remote code: for our class, `from_pretrained(...,
+        trust_remote_code=True)` would run the folder's `custom_generate/generate.py` in place of `generate`."""
+        super()._create_model(*args, trust_remote_code=False, **kwargs)
 
     @classmethod
     def create_from_arg_string(cls, arg_string, additional_config=None):

@@ -74,8 +74,12 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str
     check_checkpoint_folder(source, option)
     check_tokenizer_files(source, option)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        loaded = RefusionForCausalLM.from_pretrained(source, dtype="auto" if dtype == "auto" else getattr(torch, dtype))
+        # No code of the folder runs (its auto_map, a tokenizer auto_map, custom_generate/): the installed classes
+        # load it, so decoding is always this package's.
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        loaded = RefusionForCausalLM.from_pretrained(
+            source, dtype="auto" if dtype == "auto" else getattr(torch, dtype), trust_remote_code=False
+        )
     except (OSError, ValueError, SafetensorError) as error:
         raise CommandError(f"{option} {source}: the checkpoint does not load ({first_line(error)}).") from None
     bfloat16_on_cpu = dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu"
