@@ -1,8 +1,8 @@
 """The sandbox's kernel surface: every system call of `DENIED_SYSCALLS` (and clone with a namespace flag, clone3,
-a nested user namespace) is first made unsandboxed, where it reaches the kernel (it succeeds, or fails on its
-arguments: never with the filter's errno), then inside the sandbox, where the filter refuses it. Then the memory a
-run can hold: every writable path filled stops at its cap, forked children together stop at `memory_limit_mb`,
-and concurrent runs do not share their process limit."""
+fcntl growing a pipe's buffer, a nested user namespace) is first made unsandboxed, where it reaches the kernel (it
+succeeds, or fails on its arguments: never with the filter's errno), then inside the sandbox, where the filter
+refuses it. Then the memory a run can hold: every writable path filled stops at its cap, forked children together
+stop at `memory_limit_mb`, and concurrent runs do not share their process limit."""
 
 import errno
 import json
@@ -112,6 +112,10 @@ queue = call("mq_open", b"refusion-probe", os.O_CREAT | os.O_RDWR, 0o600, NULL)
 if queue >= 0:
     os.close(queue)
     libc.mq_unlink(b"/refusion-probe")
+reader, writer = os.pipe()
+call("fcntl", writer, 1031, 2**20)  # F_SETPIPE_SZ: a 1 MiB pipe buffer
+os.close(reader)
+os.close(writer)
 call("clone3", NULL, 0)
 pid = call("clone", 0x10000000 | signal.SIGCHLD, 0, 0, 0, 0)  # a child in a new user namespace
 if pid == 0:
@@ -137,7 +141,7 @@ def syscall_numbers(names) -> dict:
 
 
 def test_each_denied_system_call_reaches_the_kernel_unsandboxed_and_is_refused_inside():
-    names = [*sandbox.DENIED_SYSCALLS, *sandbox.UNAVAILABLE_SYSCALLS, "clone"]
+    names = [*sandbox.DENIED_SYSCALLS, *sandbox.UNAVAILABLE_SYSCALLS, "clone", "fcntl"]
     numbers = syscall_numbers(names)
     plain = subprocess.run(
         [sys.executable, "-I", "-c", PROBE.format(numbers=numbers, sandboxed=False)],
@@ -156,7 +160,7 @@ def test_each_denied_system_call_reaches_the_kernel_unsandboxed_and_is_refused_i
         "io_uring_setup", "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev",
         "bpf", "perf_event_open", "userfaultfd", "unshare", "setns", "mount", "umount2", "open_tree", "fsopen",
         "fspick", "syslog", "name_to_handle_at", "fanotify_init", "memfd_create", "shmget", "msgget", "mq_open",
-        "clone",
+        "clone", "fcntl",
     }, outcomes  # fmt: skip
     result = run_program(PROBE.format(numbers=numbers, sandboxed=True), allow_code_execution=True, timeout=20)
     assert result.passed, result

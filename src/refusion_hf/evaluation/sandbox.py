@@ -26,11 +26,12 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
 * **No kernel attack surface beyond plain processes and files.** User namespaces are disabled inside
   (`--disable-userns`: creating one fails), and a seccomp filter (`DENIED_SYSCALLS`) refuses with EPERM io_uring,
   the kernel keyrings, ptrace and cross-process memory access, bpf, perf_event_open, userfaultfd, every namespace
-  and mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file
-  handles, fanotify, and the memory that is neither address space nor a capped tmpfs (memfd, SysV shared memory
-  and message queues, POSIX message queues); `clone` with a namespace flag is refused, and `clone3` (whose flags a
-  filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak does. Other architectures'
-  system-call numbers (i386, x32) kill the process (libseccomp's default for a foreign architecture).
+  and mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file handles,
+  fanotify, and the memory that is neither address space nor a capped tmpfs (memfd, SysV shared memory and message
+  queues, POSIX message queues, pipe buffers grown with `F_SETPIPE_SZ`); `clone` with a namespace flag is refused,
+  and `clone3` (whose flags a filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak
+  does. Other architectures' system-call numbers (i386, x32) kill the process (libseccomp's default for a foreign
+  architecture).
 * **Killed as a whole.** The program is a child of bwrap's init in its own PID namespace: when the run ends
   (exit, time-out, or the caller's death: `--die-with-parent`) the namespace goes and every process in it.
 * **Limits** (`prlimit`, applied inside the sandbox, after its user namespace exists): wall time (killed), CPU
@@ -40,8 +41,9 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
   runs go on at once. Each task gets `memory_limit_mb / max_processes` of address space, so everything the run
   forks holds at most `memory_limit_mb` of memory together; with the two tmpfs caps, a run holds at most
   `memory_limit_mb` + `WORK_DIR_BYTES` + `SHM_BYTES` of host memory, plus what the kernel keeps for it that no
-  rlimit counts (page tables, and buffers of its at most `OPEN_FILES_LIMIT` pipes and sockets per process: the
-  kernel's per-buffer defaults, a few MiB) and bubblewrap's own two small processes.
+  rlimit counts (page tables, and the buffers of its at most `OPEN_FILES_LIMIT` pipes and sockets per process at
+  the kernel's default sizes, which it cannot grow: `F_SETPIPE_SZ` is refused; measured, 30 full pipes hold 2 MiB,
+  30 full socket pairs 6 MiB) and bubblewrap's own two small processes.
 * **Cleanup cannot fail because of the program**: all it can write is its tmpfs, which vanishes with its mount
   namespace; the host side is a temporary folder holding only the inputs and the three output files.
 
@@ -119,6 +121,7 @@ NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM); CLONE
     "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
     "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }  # fmt: skip
+F_SETPIPE_SZ = 1031  # fcntl() growing a pipe's buffer (64 KiB) up to 1 MiB of kernel memory is refused (EPERM)
 
 INSTALL_HINT = (
     "install bubblewrap >= 0.8 and libseccomp's Python bindings (`apt-get install bubblewrap python3-seccomp` on "
@@ -134,11 +137,12 @@ OPT_IN_MESSAGE = (
 )
 
 # Exports the seccomp filter as BPF on stdout; run by the sandbox's Python (/usr/bin/python3), which has Debian's
-# python3-seccomp (the package's own interpreter may not). Argument: JSON [denied, unavailable, clone flags].
+# python3-seccomp (the package's own interpreter may not). Argument: JSON [denied, unavailable, clone flags,
+# F_SETPIPE_SZ].
 _FILTER_BUILDER = """\
 import errno, json, os, sys
 import seccomp
-denied, unavailable, clone_flags = json.loads(sys.argv[1])
+denied, unavailable, clone_flags, set_pipe_size = json.loads(sys.argv[1])
 rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
 for name in denied:
     rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
@@ -147,6 +151,7 @@ for name in unavailable:
 flags_argument = 1 if os.uname().machine.startswith("s390") else 0  # clone(stack, flags) there
 for flag in clone_flags:
     rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(flags_argument, seccomp.MASKED_EQ, flag, flag))
+rules.add_rule(seccomp.ERRNO(errno.EPERM), "fcntl", seccomp.Arg(1, seccomp.EQ, set_pipe_size))
 rules.export_bpf(sys.stdout)
 """
 
@@ -361,7 +366,7 @@ def _execute(
 
 def _seccomp_filter(python: str) -> bytes:
     """The filter as BPF, exported by libseccomp's Python bindings under the sandbox's interpreter."""
-    spec = json.dumps([DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values())])
+    spec = json.dumps([DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values()), F_SETPIPE_SZ])
     try:
         built = subprocess.run([python, "-I", "-c", _FILTER_BUILDER, spec], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
