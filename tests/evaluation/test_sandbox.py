@@ -125,6 +125,10 @@ def test_arguments_are_checked():
         run_program("pass", allow_code_execution=True, max_processes=0)
     with pytest.raises(TypeError, match="`program` must be a string"):
         run_program(b"pass", allow_code_execution=True)
+    with pytest.raises(TypeError, match="`tests` must be a string"):
+        run_program("pass", tests=["assert True"], allow_code_execution=True)
+    with pytest.raises(ValueError, match="`tests` must have one entry per program: 1 for 2 programs"):
+        run_programs(["pass", "pass"], tests=["pass"], allow_code_execution=True)
 
 
 # ------------------------------------------------------------------------------------------------- escapes
