@@ -1,14 +1,11 @@
-"""The clients people chat and serve with: `pipeline("text-generation")` (chat messages and strings, batches,
-streaming) and the exact `generate()` call `transformers serve` makes, on the embedded model (remote code)."""
+"""The client people chat with: `pipeline("text-generation")` (chat messages and strings, batches, streaming), on the
+embedded model (remote code). `refusion serve` (transformers serve's machinery) is tested in tests/serving/."""
 
-import asyncio
-import copy
 import threading
 
 import pytest
 import torch
 from transformers import TextIteratorStreamer, pipeline
-from transformers.cli.serving.utils import DirectStreamer
 
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 
@@ -67,54 +64,3 @@ def test_text_iterator_streamer_streams_the_answer(embedded):
     pieces = list(streamer)
     thread.join()
     assert len(pieces) > 1 and "".join(pieces) == direct_answer(model, tokenizer, chat)
-
-
-def serve_generation_config(model, body: dict):
-    """What `transformers serve` builds for a request (transformers 5.24, cli/serving/utils.py): the model's
-    generation config, `max_new_tokens` raised to 1024, then the request's temperature / top_p / max_tokens / stop."""
-    config = copy.deepcopy(model.generation_config)
-    if config.max_new_tokens is None or config.max_new_tokens < 1024:
-        config.max_new_tokens = 1024
-    if body.get("temperature") is not None:
-        config.temperature = float(body["temperature"])
-        if float(body["temperature"]) == 0.0:
-            config.do_sample = False
-    if body.get("max_tokens") is not None:
-        config.max_new_tokens = int(body["max_tokens"])
-    if body.get("stop") is not None:
-        config.stop_strings = body["stop"]
-    return config
-
-
-@pytest.mark.parametrize("body", [{}, {"temperature": 0.0}, {"max_tokens": 8}, {"stop": [" + "]}])
-def test_the_generate_call_of_transformers_serve(embedded, body):
-    """Streaming (its `DirectStreamer`) and non-streaming, with `tokenizer=` always passed: the text, the usage
-    count and the finish reason serve derives from them are right."""
-    model, tokenizer = embedded
-    chat = [{"role": "user", "content": QUESTIONS[2]}]
-    inputs = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    config = serve_generation_config(model, body)
-
-    sequences = model.generate(**inputs, generation_config=config, tokenizer=tokenizer)  # non-streaming
-    generated = sequences[0, inputs["input_ids"].shape[1] :]
-    eos = model.generation_config.eos_token_id
-    assert 0 < generated.shape[0] <= config.max_new_tokens and 0 not in generated[:-1].tolist()
-    finish = "length" if generated.shape[0] >= config.max_new_tokens else "stop"
-    assert finish == ("length" if "max_tokens" in body else "stop")
-    if not body:
-        assert generated[-1] == eos, "a 1024-token budget: the answer ends at its EOS, not at the budget"
-
-    loop = asyncio.new_event_loop()
-    queue = asyncio.Queue()
-    streamer = DirectStreamer(tokenizer._tokenizer, loop, queue)
-    model.generate(**inputs, generation_config=config, tokenizer=tokenizer, streamer=streamer)
-    chunks = []
-
-    async def drain():
-        while (item := await queue.get()) is not None:
-            chunks.append(item)
-
-    loop.run_until_complete(drain())
-    loop.close()
-    assert streamer.total_tokens == generated.shape[0], "serve's usage count"
-    assert "".join(chunks) == tokenizer.decode(generated, skip_special_tokens=True)

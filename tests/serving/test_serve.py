@@ -73,10 +73,6 @@ def answer(model, input_ids, **kwargs) -> list[int]:
     return model.generate(input_ids, **kwargs)[0, input_ids.shape[1] :].tolist()
 
 
-def expected_finish(tokens: list[int], max_tokens: int) -> str:
-    return "length" if len(tokens) >= max_tokens else "stop"
-
-
 def stream_chat(client, **request):
     """The streamed text and the last chunk."""
     pieces, last = [], None
@@ -89,33 +85,33 @@ def stream_chat(client, **request):
 
 def test_chat_answers_equal_generate_streamed_or_not(embedded):
     """Greedy chat answers of the embedded model are generate()'s; streaming gives the same text, usage counts the
-    answer's tokens, and the finish reason says whether it ended (stop) or was cut at max_tokens (length); `stop`
-    strings end the answer as generate()'s `stop_strings` do."""
+    answer's tokens, and the finish reason says whether it ended (stop: within serve's default budget of 1024 new
+    tokens, at its EOS) or was cut at max_tokens (length); `stop` strings end the answer as generate()'s
+    `stop_strings` do."""
     model, tokenizer = embedded
+    ids = [chat_ids(tokenizer, question) for question in QUESTIONS]
+    answers = [answer(model, ids[0], max_new_tokens=1024), answer(model, ids[1], max_new_tokens=6)]
     with serving(str(default_model_path())) as client:
         name = client.models.list().data[0].id
-        for question, max_tokens in zip(QUESTIONS, (64, 6)):
-            expected = answer(model, chat_ids(tokenizer, question), max_new_tokens=max_tokens)
+        for expected, question, max_tokens, finish in zip(answers, QUESTIONS, (None, 6), ("stop", "length")):
             text = tokenizer.decode(expected, skip_special_tokens=True)
-            request = dict(model=name, messages=[{"role": "user", "content": question}], max_tokens=max_tokens)
+            request = dict(model=name, messages=[{"role": "user", "content": question}])
+            if max_tokens is not None:
+                request["max_tokens"] = max_tokens
             reply = client.chat.completions.create(temperature=0, **request)
             assert reply.choices[0].message.content == text
             assert reply.usage.completion_tokens == len(expected)
-            assert reply.choices[0].finish_reason == expected_finish(expected, max_tokens)
+            assert reply.choices[0].finish_reason == finish
             streamed, last = stream_chat(client, **request)
             assert streamed == text
             assert last.usage.completion_tokens == len(expected)
-            assert last.choices[0].finish_reason == expected_finish(expected, max_tokens)
-        assert expected_finish(answer(model, chat_ids(tokenizer, QUESTIONS[0]), max_new_tokens=64), 64) == "stop"
+            assert last.choices[0].finish_reason == finish
 
         # `stop`: generate()'s stop_strings (the answer ends with the stop string, as in transformers serve)
-        request = dict(model=name, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=64, stop=["="])
-        full = answer(model, chat_ids(tokenizer, QUESTIONS[0]), max_new_tokens=64)
-        expected = answer(
-            model, chat_ids(tokenizer, QUESTIONS[0]), max_new_tokens=64, stop_strings=["="], tokenizer=tokenizer
-        )
+        expected = answer(model, ids[0], max_new_tokens=64, stop_strings=["="], tokenizer=tokenizer)
         text = tokenizer.decode(expected, skip_special_tokens=True)
-        assert text.endswith("=") and len(expected) < len(full)
+        assert text.endswith("=") and len(expected) < len(answers[0])
+        request = dict(model=name, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=64, stop=["="])
         reply = client.chat.completions.create(**request)
         assert reply.choices[0].message.content == text and reply.choices[0].finish_reason == "stop"
         assert reply.usage.completion_tokens == len(expected)

@@ -282,6 +282,7 @@ class ContinuousBatchManager(BaseGenerateManager):
         return chunks, streamer
 
     def _run(self) -> None:
+        waiting: list[BatchRequest] = []
         try:
             while not self._stopping.is_set():
                 try:
@@ -298,21 +299,28 @@ class ContinuousBatchManager(BaseGenerateManager):
                     groups.setdefault(request.group_key(), []).append(request)
                 for group in groups.values():
                     self._decode_group(group)
-        except BaseException as error:  # noqa: BLE001 - reported to every later request and by /health
+                waiting = []
+        except BaseException as error:  # reported to the requests it leaves, to every later one and by /health
             self.fatal_error = error
+            for request in waiting:
+                request.deliver(RuntimeError(f"the decoding worker died: {error!r}"))
             raise
 
     def _decode_group(self, group: list[BatchRequest]) -> None:
         """One generation config: `generate_batch` for all, else (seeded, stop strings, or a batch that failed on
-        one request's prompt) one at a time, so that an error reaches only its request."""
+        one request's input) one at a time, so that an error reaches only its request."""
         if len(group) > 1 and not group[0].decodes_alone():
             rows = ContinuousBatchingConfig(max_requests_per_batch=self.max_requests_per_batch)
             try:
                 results = self._model.generate_batch(
                     [r.input_ids for r in group], generation_config=group[0].config, continuous_batching_config=rows
                 )
-            except ValueError:
+            except ValueError:  # one request's input: found below, request by request
                 pass
+            except Exception as error:  # noqa: BLE001 - e.g. out of memory: every request of the batch is told
+                for request in group:
+                    request.deliver(error)
+                return
             else:
                 for index, request in enumerate(group):
                     request.deliver(results[f"req_{index}"].generated_tokens)
