@@ -155,13 +155,20 @@ def test_completions_seeded_sampling_and_refusals(official):
 
 @pytest.mark.parametrize("continuous_batching", [False, True], ids=["one-at-a-time", "continuous-batching"])
 def test_concurrent_clients_each_get_their_own_answer(official, continuous_batching):
-    """8 clients at once, each with its own prompt (chat and completions, some streaming): each gets generate()'s
-    answer to its own prompt."""
+    """8 clients at once, each with its own prompt (some streaming, two sampling with a seed): each gets
+    generate()'s answer to its own prompt (with its seed: the seed is not consumed by the requests around it)."""
     folder, model, tokenizer = official
-    expected = [answer(model, chat_ids(tokenizer, words), max_new_tokens=16) for words in WORDS]
+    seeded = {3: 5, 7: 11}  # request index -> seed; they sample at temperature 0.9
+    expected = []
+    for index, words in enumerate(WORDS):
+        sampling = dict(do_sample=True, temperature=0.9) if index in seeded else {}
+        torch.manual_seed(seeded.get(index, 0))
+        expected.append(answer(model, chat_ids(tokenizer, words), max_new_tokens=16, **sampling))
 
     def ask(client, index):
         request = dict(model=folder, messages=[{"role": "user", "content": WORDS[index]}], max_tokens=16)
+        if index in seeded:
+            request.update(temperature=0.9, seed=seeded[index])
         if index % 3 == 2:
             return stream_chat(client, **request)[0]
         return client.chat.completions.create(**request).choices[0].message.content
