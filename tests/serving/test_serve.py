@@ -138,6 +138,7 @@ def test_completions_seeded_sampling_and_refusals(official):
             (dict(frequency_penalty=0.5), 400, "repetition_penalty"),  # serve maps it to a refused argument
             (dict(presence_penalty=0.5), 422, "presence_penalty"),  # serve would ignore it
             (dict(n=2), 422, "'n'"),
+            (dict(suffix=" t9"), 422, "suffix"),  # serve appends it to an answer not conditioned on it
             (dict(top_p=1.5), 400, "top_p"),
             (dict(extra_body={"no_such_field": 1}), 422, "no_such_field"),
         ]

@@ -160,7 +160,10 @@ class RefusionChatCompletionHandler(RefusionRequests, ChatCompletionHandler):
 
 
 class RefusionCompletionHandler(RefusionRequests, CompletionHandler):
-    """serve's `/v1/completions` handler with `RefusionRequests`."""
+    """serve's `/v1/completions` handler with `RefusionRequests`. `suffix` is refused too: serve appends it to the
+    answer, which is not conditioned on it (OpenAI's meaning: the text that follows the completion)."""
+
+    _unused_fields = CompletionHandler._unused_fields | {"suffix"}
 
 
 class NotServed:
