@@ -2,9 +2,19 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen3ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    DynamicCache,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3ForQuestionAnswering,
+    Qwen3ForSequenceClassification,
+    Qwen3ForTokenClassification,
+    Qwen3Model,
+)
 
-from refusion_hf import RefusionForCausalLM
+from refusion_hf import RefusionConfig, RefusionForCausalLM
 
 PROMPT = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
 # A ReFusion-style buffer: prompt, then slots in generation order (not position order).
@@ -152,6 +162,40 @@ def test_logits_to_keep_is_stocks(model64, stock64):
     assert model64(input_ids=PROMPT, logits_to_keep=1).logits.shape == (1, 1, 64)
     with pytest.raises(ValueError, match="`logits_to_keep` must be 0 with the ReFusion loss"):
         model64(input_ids=PROMPT, labels=PROMPT, mdm_weights=torch.ones(1, 12), logits_to_keep=1)
+
+
+@pytest.fixture(scope="module")
+def refusion_folder(fixture_path, tmp_path_factory):
+    """The fixture saved by `RefusionForCausalLM` (config.json says `model_type: refusion`)."""
+    folder = tmp_path_factory.mktemp("refusion")
+    RefusionForCausalLM.from_pretrained(fixture_path).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "head", [Qwen3ForSequenceClassification, Qwen3ForTokenClassification, Qwen3ForQuestionAnswering]
+)
+def test_qwen3_task_heads_on_a_refusion_config_get_the_base_model(fixture_path, refusion_folder, head):
+    """`AutoModel` maps a RefusionConfig to the LM head (for users, as the official checkpoint's auto_map does);
+    a transformers task head, which builds its backbone with `AutoModel.from_config`, gets the base model and
+    equals the same head built on a plain Qwen3Config."""
+    config = AutoConfig.from_pretrained(refusion_folder)
+    assert type(config) is RefusionConfig
+    assert type(AutoModel.from_config(config)) is RefusionForCausalLM
+    backbone = head.base_model_prefix  # "model", or "transformer" for question answering
+    assert type(getattr(head(config), backbone)) is Qwen3Model
+    model = head.from_pretrained(refusion_folder, config=config, dtype=torch.float64).eval()
+    assert type(model.config) is RefusionConfig and type(getattr(model, backbone)) is Qwen3Model
+    stock = head.from_pretrained(fixture_path, dtype=torch.float64).eval()  # official config.json: a Qwen3Config
+    assert type(stock.config) is Qwen3Config
+    ours_weights, stock_weights = model.state_dict(), stock.state_dict()
+    assert ours_weights.keys() == stock_weights.keys()
+    if backbone == "model":  # stock's question-answering head calls it `transformer`: no LM checkpoint loads there
+        loaded = [name for name in ours_weights if name.startswith("model.")]
+        assert all(torch.equal(ours_weights[name], stock_weights[name]) for name in loaded)
+    stock.load_state_dict(ours_weights)  # the newly initialised layers, the same in both
+    ours, theirs = model(input_ids=PROMPT, use_cache=False), stock(input_ids=PROMPT, use_cache=False)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in ours.keys())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -1,6 +1,6 @@
 """`RefusionForCausalLM`: the stock Qwen3 causal LM, with ReFusion decoding in `generate()`.
 
-The network is exactly transformers' Qwen3 (subclassed, not copied). Three things differ:
+The network is exactly transformers' Qwen3 (subclassed, not copied). Four things differ:
 
 * `generate()` comes from `RefusionGenerationMixin` (placed first in the MRO, so it wins over
   `GenerationMixin.generate` while `prepare_inputs_for_generation` & co. stay the stock ones that PEFT uses);
@@ -12,7 +12,9 @@ The network is exactly transformers' Qwen3 (subclassed, not copied). Three thing
   `forward` is stock Qwen3's: `labels` give the shifted causal-LM loss, `logits_to_keep` keeps the last rows, and
   position-id restarts without a mask are packed sequences (padding-free batches), so the model also trains, scores
   and generates as a plain autoregressive LM.
-* a 4D boolean attention mask is made additive under eager attention (stock eager would add the booleans).
+* a 4D boolean attention mask is made additive under eager attention (stock eager would add the booleans);
+* `AutoModel` maps `RefusionConfig` to this LM-head class (as the official checkpoint's `auto_map` does), except
+  for the backbone of a transformers Qwen3 task head, which gets the base `Qwen3Model` (`_from_config`).
 
 `save_pretrained` (and so `push_to_hub`) also writes the flat remote-code bundle and `auto_map`, so the saved
 folder loads with `trust_remote_code=True` where this package is not installed, and `custom_generate/`, so a stock
@@ -23,8 +25,15 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from transformers import Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM, Qwen3Model
+from transformers.modeling_layers import (
+    GenericForQuestionAnswering,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+)
 
 from ..generation.refusion_generation_config import RefusionGenerationConfig
 from ..generation.refusion_generation_mixin import RefusionGenerationMixin
@@ -158,11 +167,37 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         batch_size, query_length = reference.shape[:2]
         return torch.ones(batch_size, past_length + query_length, dtype=torch.long, device=reference.device)
 
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        # `AutoModel` maps a `RefusionConfig` to this class, as the official checkpoint's `auto_map` maps
+        # `AutoModel` to its LM head (docs/design.md §1). transformers' Qwen3 task heads (sequence and token
+        # classification, question answering) build their backbone with `AutoModel.from_config(config)`: built on a
+        # `RefusionConfig`, they get the base model, which is what every other config gives them there.
+        if _building_a_task_head():
+            return Qwen3Model._from_config(config, **kwargs)
+        return super()._from_config(config, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         self.config.auto_map = auto_map_for(self.config_class, type(self))
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_model_bundle(save_directory, self.config_class, type(self))
+
+
+_TASK_HEADS = (GenericForSequenceClassification, GenericForQuestionAnswering, GenericForTokenClassification)
+
+
+def _building_a_task_head() -> bool:
+    """Whether the `AutoModel.from_config` call that reached `_from_config` comes from a transformers task head's
+    `__init__`: `_from_config` <- `AutoModel.from_config` <- the head's `__init__` (a wrapper may sit between)."""
+    frame = sys._getframe(2)  # `AutoModel.from_config`
+    for _ in range(3):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), _TASK_HEADS):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _refuse_mdm_weights_in_backbone(module, args, kwargs):
