@@ -367,3 +367,72 @@ def test_a_real_eval_report_names_its_weights(capsys, tmp_path):
                  "--timing-repeats", "1", "--json", str(report)]) == 0  # fmt: skip
     code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", "--eval", report)
     assert code == 0, err
+
+
+def _link_out(folder, outside):
+    (outside / "secret.jinja").write_text("{{ 'outside the folder' }}")
+    (folder / "chat_template.jinja").symlink_to(outside / "secret.jinja")
+
+
+def _fifo(folder, outside):
+    import os
+
+    os.mkfifo(folder / "chat_template.jinja")
+
+
+def _tokenizer_code(folder, outside):
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    write_json(folder / "tokenizer_config.json", {**config, "auto_map": {"AutoTokenizer": ["tok.Tok", None]}})
+    (folder / "tok.py").write_text(f"open({str(outside / 'MARKER')!r}, 'w')\n")
+
+
+def _corrupt_generation_config(folder, outside):
+    (folder / "generation_config.json").write_text("{corrupt")
+
+
+def _negative_vocabulary(folder, outside):
+    write_json(folder / "config.json", {**json.loads((folder / "config.json").read_text()), "vocab_size": -5})
+
+
+def _corrupt_adapter(folder, outside):
+    for path in folder.iterdir():
+        path.unlink()
+    adapter = {"peft_type": "LORA", "base_model_name_or_path": REPO_ID, "r": 2, "target_modules": ["q_proj"]}
+    write_json(folder / "adapter_config.json", adapter)
+    (folder / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+
+
+BAD_SOURCES = {
+    "link out of the folder": (_link_out, ["chat_template.jinja is a symbolic link to", "outside the folder"]),
+    "fifo": (_fifo, ["chat_template.jinja is not a regular file"]),
+    "tokenizer auto_map": (_tokenizer_code, ["names its own code in tokenizer_config.json", "tok.Tok"]),
+    "corrupt generation config": (_corrupt_generation_config, ["generation_config.json is not readable JSON"]),
+    "negative vocabulary": (_negative_vocabulary, ["vocab_size must be an integer >= 1, got -5"]),
+    "corrupt adapter": (_corrupt_adapter, ["adapter_model.safetensors is not readable"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_SOURCES))
+def test_sources_publish_cannot_copy_faithfully_are_refused_by_name(capsys, tmp_path, name):
+    """publish copies the folder's own regular files, and refuses what it would publish differently from what the
+    folder holds (code, a corrupt file it would skip), before writing anything."""
+    source, outside = tmp_path / "model", tmp_path / "outside"
+    shutil.copytree(FIXTURE, source)
+    outside.mkdir()
+    make, fragments = BAD_SOURCES[name]
+    make(source, outside)
+    code, _, err = run_cli(capsys, "--model", source, "--out", tmp_path / "out")
+    assert_one_clear_error(code, err, *fragments)
+    assert not (tmp_path / "out").exists() and not (outside / "MARKER").exists()
+
+
+def test_a_link_to_a_file_inside_the_folder_is_published_as_that_file(capsys, tmp_path):
+    source = tmp_path / "model"
+    shutil.copytree(FIXTURE, source)
+    (source / "store").mkdir()
+    (source / "store" / "template.jinja").write_text("{{ 'inside the folder' }}")
+    (source / "chat_template.jinja").symlink_to(source / "store" / "template.jinja")
+    code, _, err = run_cli(capsys, "--model", source, "--out", tmp_path / "out")
+    assert code == 0, err
+    published = tmp_path / "out" / "chat_template.jinja"
+    assert not published.is_symlink() and published.read_text() == "{{ 'inside the folder' }}"

@@ -120,3 +120,31 @@ def test_other_architectures_are_refused(tmp_path, capsys):
         r"--base: .* holds a 'llama' model; `refusion convert` turns Qwen3",
         user_error(capsys, ["convert", "--base", str(tmp_path / "llama"), "--out", str(tmp_path / "out")]),
     )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--mask-token", "<|im_end|>"], "--mask-token '<|im_end|>' is already the tokenizer's eos token (id 1)"),
+        (["--mask-token", "<|endoftext|>"], "--mask-token '<|endoftext|>' is already the tokenizer's pad token (id 0)"),
+        (["--mask-token", "w5"], "--mask-token 'w5' is already a token of the vocabulary (id 5)"),
+        (["--begin-token", "<|im_end|>"], "--begin-token '<|im_end|>' is already the tokenizer's eos token (id 1)"),
+        (["--mask-token", "X", "--begin-token", "X"], "--mask-token and --begin-token are both 'X'"),
+    ],
+    ids=["mask-is-eos", "mask-is-pad", "mask-is-a-word", "begin-is-eos", "mask-is-begin"],
+)
+def test_tokens_of_the_vocabulary_or_of_another_role_are_refused(tmp_path, capsys, flags, message):
+    build_base(tmp_path / "base", 2 + len(WORDS), False)
+    out = tmp_path / "out"
+    assert user_error(capsys, ["convert", "--base", str(tmp_path / "base"), "--out", str(out), *flags]).startswith(
+        message
+    )
+    assert not out.exists() or not any(out.iterdir()), "nothing written"
+
+
+def test_a_converted_checkpoint_keeps_its_tokens_in_their_roles(tmp_path, capsys):
+    build_base(tmp_path / "base", 2 + len(WORDS), False)
+    assert main(["convert", "--base", str(tmp_path / "base"), "--out", str(tmp_path / "once")]) == 0
+    argv = ["convert", "--base", str(tmp_path / "once"), "--out", str(tmp_path / "twice"), "--begin-token", "<|mask|>"]
+    argv += ["--mask-token", "<|mask2|>"]
+    assert user_error(capsys, argv).startswith("--begin-token '<|mask|>' is already the tokenizer's mask token (id 41)")

@@ -29,6 +29,8 @@ from ..command_inputs import (
     non_negative_float,
     positive_int,
     require_extra,
+    seed,
+    staged_output,
 )
 from ..generation.refusion_generation_config import DECODING_KNOBS, DECODING_PRESETS
 from ..modeling.loading import add_dtype_argument
@@ -87,7 +89,7 @@ def register(subparsers) -> None:
         help="render prompts with the tokenizer's chat template (default: when it has one)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="synthetic: which test problems are drawn; also the sampling seed"
+        "--seed", type=seed, default=0, help="synthetic: which test problems are drawn; also the sampling seed"
     )
     parser.add_argument(
         "--limit", type=positive_int, default=None, help="number of problems (synthetic default 60; others: all)"
@@ -215,6 +217,59 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
         )
 
 
+def _check_data_file(path: Path) -> None:
+    """A `--data-file` must have rows; a .json/.jsonl one must be UTF-8 JSON (one object per line for .jsonl), read
+    here first: `datasets` reports a bad file as a log line, a traceback and a generic "error while generating the
+    dataset"."""
+    if not path.is_file():
+        return  # load_task names it
+    if path.stat().st_size == 0:
+        raise CommandError(f"--data-file {path}: the file is empty; pass the task's test split.")
+    if path.suffix not in (".json", ".jsonl"):
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CommandError(f"--data-file {path}: not readable UTF-8 text ({first_line(error)}).") from None
+    lines = text.splitlines() if path.suffix == ".jsonl" else [text]
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            loaded = json.loads(line)
+        except ValueError as error:
+            raise CommandError(f"--data-file {path}: line {number} is not JSON ({first_line(error)}).") from None
+        if path.suffix == ".jsonl" and not isinstance(loaded, dict):
+            raise CommandError(f"--data-file {path}: line {number} is not a JSON object (one row per line).")
+
+
+def _check_rows(task, args: argparse.Namespace) -> None:
+    """Every row of `--data-file` that will be evaluated has the columns of the first and renders as the task's
+    prompt and reference (lm-eval checks the first row only; a later bad row would fail mid-evaluation, or be
+    evaluated with "None" for a missing column)."""
+    from jinja2 import TemplateError
+
+    docs = task.eval_docs
+    if len(docs) == 0:
+        raise CommandError(f"--data-file {args.data_file}: no rows; pass the task's test split.")
+    rows = [docs[index] for index in range(len(docs) if args.limit is None else min(args.limit, len(docs)))]
+    columns = [column for column, value in rows[0].items() if value is not None]  # lm-eval rendered the first row
+    for index, row in enumerate(rows):  # a row without a column reads as null, which renders as "None"
+        missing = [column for column in columns if row.get(column) is None]
+        if missing:
+            raise CommandError(
+                f"--data-file {args.data_file}: row {index + 1} has no {', '.join(missing)}, which row 1 has; "
+                "every row needs the task dataset's columns."
+            )
+        try:
+            task.doc_to_text(row), task.doc_to_target(row)
+        except (TemplateError, KeyError, IndexError, TypeError, ValueError) as error:
+            raise CommandError(
+                f"--data-file {args.data_file}: row {index + 1} does not fit the {args.suite} task "
+                f"({first_line(error)}); pass a file with the columns of the task's dataset."
+            ) from None
+
+
 def check_same_encoding(tokenizer, baseline_tokenizer) -> None:
     """A baseline model must see the same prompts as the model: every token of its vocabulary with the same id, the
     same chat template and the same EOS (the ReFusion model's may add tokens after them, as `refusion convert`)."""
@@ -261,6 +316,9 @@ def _code_execution_opt_in(allowed: bool):
 
 
 def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | None) -> int:
+    from datasets.exceptions import DatasetGenerationError
+    from jinja2 import TemplateError
+
     from ..generation.refusion_generate import merge_generation_config
     from ..generation.refusion_generation_config import REFUSION_FIELDS
     from ..modeling.loading import default_model_path, load_model_and_tokenizer
@@ -271,13 +329,20 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
     metadata = None
     if args.suite == "synthetic":
         metadata = {"seed": args.seed, "num_problems": args.limit or 60, "families": families, "split": args.split}
+    if args.data_file is not None:
+        _check_data_file(Path(args.data_file))
     try:
         task = load_task(task_name(args.suite), args.data_file, metadata, args.num_fewshot)
     except PermissionError as error:  # a code task built without the opt-in
         raise CommandError(f"--suite {args.suite}: {first_line(str(error))}") from None
+    except (DatasetGenerationError, TemplateError) as error:  # the data file's format, or its rows
+        reason = first_line(error.__cause__ or error)
+        raise CommandError(f"--data-file {args.data_file}: not the {args.suite} task's data ({reason}).") from error
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         hint = " (offline: pass --data-file PATH, a local copy of its test split)" if args.data_file is None else ""
         raise CommandError(f"--suite {args.suite}: {first_line(str(error))}{hint}") from error
+    if args.data_file is not None:
+        _check_rows(task, args)
     runs_code = executes_code(task)
     if runs_code and not allowed:
         raise CommandError(
@@ -366,8 +431,7 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
     )
     print(markdown_table(results))
     if args.json_out:
-        path = Path(args.json_out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {path}")
+        with staged_output(args.json_out, "--json") as staged:  # a failed write leaves no half file
+            staged.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {args.json_out}")
     return 0

@@ -15,7 +15,16 @@ import sys
 import time
 from pathlib import Path
 
-from ..command_inputs import require_extra
+from ..command_inputs import (
+    CommandError,
+    check_checkpoint_folder,
+    check_output_file,
+    check_output_folder,
+    check_tokenizer_files,
+    first_line,
+    require_extra,
+    staged_output,
+)
 
 
 def register(subparsers) -> None:
@@ -46,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         with sandboxed_code_eval():
             cli = HarnessCLI()
             parsed = cli.parse_args()
+            if sys.argv[1] == "run":
+                check_run_arguments(parsed)
             cli.execute(parsed)
     finally:
         sys.argv = saved_argv
@@ -66,5 +77,35 @@ def run(args: argparse.Namespace) -> int:
             if results.stat().st_mtime >= start:
                 data = json.loads(results.read_text())
                 data["refusion_decoding"] = report
-                results.write_text(json.dumps(data, indent=2, default=str) + "\n")
+                with staged_output(results, "--output_path") as staged:  # lm-eval's file stays whole on a failure
+                    staged.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
+
+
+def check_run_arguments(parsed: argparse.Namespace) -> None:
+    """What `lm_eval run` finds out late, or not at all, checked before any task or model loads: lm-eval's own
+    argument validation, `--tasks` given, the `refusion` model's own args and checkpoint folder (as every command
+    checks it), and that `--output_path` can be written (lm-eval logs a failed save as a warning, and exits 0)."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    try:
+        config = EvaluatorConfig.from_cli(parsed)
+    except (ValueError, TypeError, OSError) as error:
+        raise CommandError(first_line(error)) from None
+    if not config.tasks:
+        raise CommandError("no --tasks given; pass --tasks NAME[,NAME...] (`refusion lm-eval ls tasks` lists them).")
+    if config.model == "refusion":
+        from .lm_eval_model import RefusionLM
+
+        RefusionLM.check_model_args(**config.model_args)
+        pretrained = config.model_args.get("pretrained")
+        if not pretrained:
+            raise CommandError("--model_args: the refusion model needs pretrained=DIR (a checkpoint folder or Hub id).")
+        check_checkpoint_folder(str(pretrained), "--model_args pretrained", config.model_args.get("dtype"))
+        check_tokenizer_files(str(pretrained), "--model_args pretrained")
+    if config.output_path:  # lm-eval's meaning: a .json file (dated), or a folder
+        output = Path(config.output_path)
+        if output.suffix == ".json":
+            check_output_file(output, "--output_path")
+        else:
+            check_output_folder(output, "--output_path")

@@ -43,6 +43,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from ..command_inputs import CommandError
 from ..generation.refusion_generate import answer_lengths, eos_token_ids
 from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
 from ..modeling import RefusionConfig, RefusionForCausalLM
@@ -76,10 +77,7 @@ class RefusionLM(HFLM):
         **kwargs,
     ):
         knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
-        if not isinstance(continuous_batching, bool):
-            raise ValueError(f"model arg continuous_batching must be True or False, got {continuous_batching!r}.")
-        if backend != "causal":
-            raise ValueError(f"model arg backend={backend!r}: a ReFusion model is a causal LM; drop the argument.")
+        preset_knobs = self.check_model_args(preset=preset, continuous_batching=continuous_batching, backend=backend)
         if trust_remote_code:
             warnings.warn(
                 "trust_remote_code=True reaches the tokenizer only (AutoTokenizer may run the folder's tokenizer and "
@@ -90,7 +88,6 @@ class RefusionLM(HFLM):
             )
         self.continuous_batching = continuous_batching
         super().__init__(pretrained=pretrained, backend=backend, trust_remote_code=trust_remote_code, **kwargs)
-        preset_knobs = preset_settings(preset) if preset is not None else {}
         preset_knobs.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
         self.decoding_kwargs = {**preset_knobs, **knobs}
         self.preset = preset
@@ -98,6 +95,19 @@ class RefusionLM(HFLM):
             lambda: {"requests": 0, "tokens": 0, "forward_passes": 0, "seconds": 0.0}
         )
         self._task = None
+
+    @staticmethod
+    def check_model_args(preset=None, continuous_batching=False, backend="causal", **_) -> dict:
+        """The model args of this class's own, checked before anything loads (`refusion lm-eval` calls it before
+        lm-eval indexes its tasks); a `CommandError` (a ValueError) is one line there. Returns the preset's knobs."""
+        if not isinstance(continuous_batching, bool):
+            raise CommandError(f"model arg continuous_batching must be True or False, got {continuous_batching!r}.")
+        if backend != "causal":
+            raise CommandError(f"model arg backend={backend!r}: a ReFusion model is a causal LM; drop the argument.")
+        try:
+            return preset_settings(preset) if preset is not None else {}
+        except ValueError as error:
+            raise CommandError(f"model arg preset: {error}") from None
 
     def _get_config(self, pretrained, *, revision="main", trust_remote_code=False, gguf_file=None, subfolder=""):
         """The folder's config as a `RefusionConfig` (an official `model_type: qwen3` config included), without its

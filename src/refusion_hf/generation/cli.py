@@ -17,9 +17,11 @@ from ..command_inputs import (
     non_negative_float,
     positive_int,
     require_extra,
+    seed,
+    staged_output,
 )
 from ..modeling.loading import add_dtype_argument, load_model_and_tokenizer, prompt_ids
-from .refusion_generate import answer_lengths, eos_token_ids
+from .refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from .refusion_generation_config import DECODING_KNOBS, sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, write_trace
 
@@ -41,7 +43,7 @@ def register(subparsers) -> None:
         default=None,
         help="sample at this temperature (do_sample=True); 0 is greedy",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed for sampling at temperature > 0")
+    parser.add_argument("--seed", type=seed, default=0, help="seed for sampling at temperature > 0")
     add_dtype_argument(parser)
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
     parser.add_argument("--show-order", action="store_true", help="colour the answer by the step that wrote it")
@@ -93,12 +95,14 @@ def run(args: argparse.Namespace) -> int:
         f"{float(output.tokens_per_forward[0]):.2f} tokens/forward, {length / seconds:.1f} tokens/s"
     )
     if args.show_order or args.trace_out:
-        slot_size = overrides.get("slot_size", model.generation_config.slot_size)
+        slot_size = merge_generation_config(model, None, overrides)[0].slot_size  # the one the decoding used
         trace = DecodeTrace.from_output(output, 0, input_ids.shape[1], tokenizer, slot_size)
         if args.show_order:
             print(ansi_by_step(trace))
         if args.trace_out:
-            print(f"[refusion] decoding trace written to {write_trace(trace, args.trace_out)}")
+            with staged_output(args.trace_out, "--trace-out") as staged:  # no half-written file on a full disk
+                write_trace(trace, staged)
+            print(f"[refusion] decoding trace written to {args.trace_out}")
     if args.no_compare:
         return 0
     print("\nAutoregressive (same weights):")

@@ -23,7 +23,6 @@ import glob
 import importlib
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from safetensors import SafetensorError
 
 from ..checkpoint_identity import weights_sha256
-from ..command_inputs import first_line
+from ..command_inputs import CommandError, check_checkpoint_folder, first_line, staged_output
 from ..generation.refusion_generation_config import DECODING_KNOBS
 from ..modeling.configuration_refusion import OFFICIAL_MODEL_TYPE
 from ..modeling.remote_code import CUSTOM_GENERATE_DIR, collect_bundle_modules
@@ -167,12 +166,47 @@ def _check_out(out: Path, source: Path, overwrite: bool) -> None:
             )
 
 
+def _check_own_files(folder: Path, flag: str) -> None:
+    """The files publish reads are the folder's own top-level files: a symbolic link whose target lies outside the
+    folder (its content would be copied into the published folder, and uploaded by --push) or a special file (a
+    FIFO, a device) is refused by name. A link to a file inside the folder is read as that file."""
+    root = folder.resolve()
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() and root not in entry.resolve().parents:
+            raise CardInputError(
+                f"{flag} {folder}: {entry.name} is a symbolic link to {entry.resolve()}, outside the folder; publish "
+                "copies only the folder's own files: replace the link by a copy of the file."
+            )
+        if not (entry.is_file() or entry.is_dir()):
+            raise CardInputError(f"{flag} {folder}: {entry.name} is not a regular file; remove it or put a file there.")
+
+
+def _check_checkpoint(folder: Path, flag: str) -> None:
+    """The checks every command runs on a checkpoint folder (`check_checkpoint_folder`: config.json validated,
+    its parameters fit in memory, a readable generation_config.json), as publish's errors."""
+    try:
+        check_checkpoint_folder(folder, flag)
+    except CommandError as error:
+        raise CardInputError(str(error)) from None
+
+
 def _load_tokenizer(*candidates: Path | str | None):
     from transformers import AutoTokenizer
 
     for candidate in candidates:
         if candidate is not None and (Path(candidate) / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(candidate)
+            tokenizer_config = _read_json_object(Path(candidate) / "tokenizer_config.json", "the tokenizer in")
+            if "auto_map" in tokenizer_config:
+                raise CardInputError(
+                    f"the tokenizer in {candidate} names its own code in tokenizer_config.json (auto_map "
+                    f"{tokenizer_config['auto_map']}), which publish does not run or copy: the published folder "
+                    "would load another tokenizer. Remove auto_map if tokenizer.json is the whole tokenizer, or pass "
+                    "--tokenizer DIR with a tokenizer without code."
+                )
+            try:
+                return AutoTokenizer.from_pretrained(candidate, trust_remote_code=False)
+            except (OSError, ValueError) as error:
+                raise CardInputError(f"the tokenizer in {candidate} does not load ({first_line(error)}).") from None
     return None
 
 
@@ -221,6 +255,7 @@ def _write_model(
             f"({RefusionConfig.model_type!r}, or the official {OFFICIAL_MODEL_TYPE!r} format with a mask_token_id)."
         )
     official = model_type == OFFICIAL_MODEL_TYPE
+    _check_checkpoint(source, "--model")
     if raw.get("mask_token_id") is None:
         raise CardInputError(
             f"--model {source}: config.json has no mask_token_id, so this is not a ReFusion checkpoint. Convert an "
@@ -264,17 +299,25 @@ def _write_model(
 
 # ------------------------------------------------------------------------------------------------ adapters
 def _adapter_weights(source: Path, staging: Path) -> None:
-    safetensors_file = source / "adapter_model.safetensors"
-    if safetensors_file.is_file():
-        shutil.copy2(safetensors_file, staging / safetensors_file.name)
-        return
-    bin_file = source / "adapter_model.bin"
-    if not bin_file.is_file():
-        raise CardInputError(f"--model {source}: adapter_config.json but no adapter_model.safetensors (or .bin).")
+    """The adapter's weights as safetensors, each tensor read once to refuse a corrupt file (adapters are small)."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
-    state = torch.load(bin_file, map_location="cpu", weights_only=True)
+    safetensors_file = source / "adapter_model.safetensors"
+    bin_file = source / "adapter_model.bin"
+    if not safetensors_file.is_file() and not bin_file.is_file():
+        raise CardInputError(f"--model {source}: adapter_config.json but no adapter_model.safetensors (or .bin).")
+    weights = safetensors_file if safetensors_file.is_file() else bin_file
+    try:
+        if weights is safetensors_file:
+            load_file(str(weights))
+            shutil.copy2(weights, staging / weights.name)
+            return
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError("not a dictionary of tensors")
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        raise CardInputError(f"--model {source}: {weights.name} is not readable ({first_line(error)}).") from None
     save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(staging / "adapter_model.safetensors"))
 
 
@@ -285,6 +328,8 @@ def _write_adapter(
     adapter_config = _read_json_object(source / "adapter_config.json", "--model")
     recorded = adapter_config.get("base_model_name_or_path")
     base_local = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    if base_local is not None:  # its tokenizer and config are read
+        _check_own_files(base_local, "adapter_config.json base_model_name_or_path")
     if base_model is None:
         if not recorded:
             raise CardInputError(
@@ -308,6 +353,7 @@ def _write_adapter(
         tokenizer.save_pretrained(staging)
     base_info: dict[str, Any] = {}
     if base_local is not None and (base_local / "config.json").is_file():
+        _check_checkpoint(base_local, "adapter_config.json base_model_name_or_path")
         from ..generation.refusion_generation_config import RefusionGenerationConfig
         from ..modeling import RefusionConfig
 
@@ -359,6 +405,10 @@ def publish(
         token = resolve_token(token, "Nothing was written.")
 
     source, source_hub_id = _resolve_source(model)
+    if source_hub_id is None:  # a Hub snapshot's files are links into the download cache, by design
+        _check_own_files(source, "--model")
+    if tokenizer is not None:
+        _check_own_files(Path(tokenizer), "--tokenizer")
     _check_reports_are_of(reports, source, allow_eval_mismatch)
     is_adapter = (source / "adapter_config.json").is_file()
     if not is_adapter and not (source / "config.json").is_file():
@@ -377,18 +427,18 @@ def publish(
 
     target = out.resolve()  # `out` may be spelled ".", whose parent is itself
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
-        common = dict(
-            repo_id=repo_id,
-            license=license,
-            datasets=datasets,
-            eval_reports=reports,
-            training=training,
-            example_prompt=example_prompt,
-            name=target.name,
-        )
-        official = False
+    common = dict(
+        repo_id=repo_id,
+        license=license,
+        datasets=datasets,
+        eval_reports=reports,
+        training=training,
+        example_prompt=example_prompt,
+        name=target.name,
+    )
+    official = False
+    with staged_output(target, "--out") as staging:  # moved into place only when complete
+        staging.mkdir()
         if is_adapter:
             kind = "adapter"
             base_id, base_info, notes = _write_adapter(source, staging, base_model, tokenizer)
@@ -398,18 +448,9 @@ def publish(
             official, _, notes = _write_model(source, staging, tokenizer, overrides)
             card = build_model_card(staging, base_model=base_model or source_hub_id, official_source=official, **common)
         card.save(staging / "README.md")
-        if target.exists():
-            # Empty, or a flat folder of files with --overwrite (checked above): replace its files, keep the folder
-            # itself (it may be the working directory).
+        if target.exists():  # empty, or a flat folder of files with --overwrite (checked above): its files go
             for entry in target.iterdir():
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-            for entry in staging.iterdir():
-                entry.rename(target / entry.name)
-        else:
-            staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
     files = sorted(str(path.relative_to(target)) for path in target.rglob("*") if path.is_file())
     result = PublishResult(folder=out, kind=kind, files=files, card=card, official_source=official, notes=notes)

@@ -71,7 +71,7 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str
     if dtype not in DTYPES:
         raise CommandError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
     source = str(model) if model else str(default_model_path())
-    check_checkpoint_folder(source, option)
+    check_checkpoint_folder(source, option, dtype)
     check_tokenizer_files(source, option)
     try:
         # No code of the folder runs (its auto_map, a tokenizer auto_map, custom_generate/): the installed classes

@@ -2,12 +2,16 @@
 from Qwen3-8B.
 
 * the tokenizer gets `<|beginoftext|>` (as its BOS when it has none and that does not change how text is encoded)
-  and `<|mask|>` (as its mask token) as special tokens; tokens already there are reused;
+  and `<|mask|>` (as its mask token) as special tokens; tokens already there in that role are reused;
 * the embedding matrices grow when a new id does not fit (Qwen3's are usually larger than its vocabulary already),
   and the rows of the new tokens, in the input embeddings and the LM head, are set to the mean of the rows of the
   original vocabulary, so that the network's outputs on ordinary text are unchanged;
 * `mask_token_id` is set and the model is written as `RefusionForCausalLM` (config `model_type: refusion`, same
-  weight names), with the flat remote code, next to the tokenizer.
+  weight names), with the flat remote code, next to the tokenizer: into a staging folder moved into place when
+  complete.
+
+A mask or begin token already in the vocabulary as an ordinary token or in another role (`--mask-token
+'<|im_end|>'`, the EOS) is refused: its id would be that of a token the model reads and writes.
 
 Only Qwen3 checkpoints are supported: `RefusionForCausalLM` *is* a Qwen3 causal LM. Other architectures whose
 forward takes `position_ids` would need their own subclass carrying the ReFusion loss and decoder.
@@ -31,6 +35,7 @@ from ..command_inputs import (
     check_tokenizer_files,
     check_tokenizer_fits,
     first_line,
+    staged_output,
 )
 from ..modeling import RefusionConfig, RefusionForCausalLM
 from ..modeling.configuration_refusion import OFFICIAL_MODEL_TYPE
@@ -67,6 +72,23 @@ def add_refusion_tokens(tokenizer, mask_token: str = MASK_TOKEN, begin_token: st
     return tokenizer
 
 
+def check_new_tokens(tokenizer, mask_token: str, begin_token: str) -> None:
+    """`mask_token` and `begin_token` must be two different tokens, each new to the vocabulary or already the
+    tokenizer's own in that role (a converted checkpoint converted again): a token of the vocabulary or of another
+    role (`--mask-token '<|im_end|>'` is the EOS) would make the mask id that of a token the model reads and writes."""
+    if mask_token == begin_token:
+        raise CommandError(f"--mask-token and --begin-token are both {mask_token!r}; pass two different tokens.")
+    vocab = tokenizer.get_vocab()
+    roles = {token: role.removesuffix("_token") for role, token in tokenizer.special_tokens_map.items()}
+    for token, role, flag in ((mask_token, "mask", "--mask-token"), (begin_token, "bos", "--begin-token")):
+        if token in vocab and getattr(tokenizer, f"{role}_token") != token:
+            what = f"the tokenizer's {roles[token]} token" if token in roles else "a token of the vocabulary"
+            raise CommandError(
+                f"{flag} {token!r} is already {what} (id {vocab[token]}); pass a token that is not in the vocabulary "
+                f"(default {MASK_TOKEN if role == 'mask' else BEGIN_TOKEN!r})."
+            )
+
+
 @torch.no_grad()
 def _mean_initialise(embedding: torch.Tensor, old_rows: int, new_ids: list[int]) -> None:
     mean = embedding[:old_rows].float().mean(dim=0)
@@ -100,6 +122,7 @@ def convert_checkpoint(base: str | Path, out: str | Path, mask_token: str = MASK
     old_length = len(tokenizer)
     if old_length > vocab_size:
         raise CommandError(f"--base: the tokenizer has {old_length} tokens but the embeddings only {vocab_size} rows.")
+    check_new_tokens(tokenizer, mask_token, begin_token)
     known = dict(tokenizer.get_vocab())
     others = {
         i for i in (*tokenizer.all_special_ids, model.config.eos_token_id, model.config.pad_token_id) if i is not None
@@ -124,9 +147,9 @@ def convert_checkpoint(base: str | Path, out: str | Path, mask_token: str = MASK
     if tokenizer.bos_token_id is not None and model.config.bos_token_id is None:
         model.config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.mask_token_id = tokenizer.mask_token_id
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with staged_output(out, "--out") as staging:  # a failed save (a full disk) leaves nothing in `out`
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
     logger.info("converted %s -> %s: mask token id %d, new token ids %s", base, out, tokenizer.mask_token_id, new_ids)
     return model, tokenizer
 
@@ -155,4 +178,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_refusion_tokens", "convert_checkpoint"]
+__all__ = ["add_refusion_tokens", "check_new_tokens", "convert_checkpoint"]

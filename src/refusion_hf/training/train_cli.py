@@ -16,8 +16,10 @@ The output directory receives the model with its remote code (or, with `--lora`,
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -28,17 +30,21 @@ from transformers import AutoTokenizer, TrainingArguments, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..command_inputs import (
+    SEED_LIMIT,
     CommandError,
     check_checkpoint_folder,
     check_output_folder,
     check_tokenizer_files,
     check_tokenizer_fits,
     first_line,
+    move_into_place,
     require_extra,
 )
 from ..modeling import RefusionForCausalLM
 from .arguments import RefusionModelArguments, RefusionTrainingArguments, TrainArgumentParser
 from .data import load_sft_dataset
+
+FINAL_SAVE_STAGING = ".final-save.partial"  # in --output-dir, while the trained model is saved
 
 
 def register(subparsers) -> None:
@@ -124,7 +130,7 @@ def checkpoint_problem(folder: Path, needs_optimizer: bool = True) -> str | None
 
 def load_model(model_args: RefusionModelArguments, training_args: TrainingArguments):
     model_path = model_args.model
-    check_checkpoint_folder(model_path, "--model")
+    check_checkpoint_folder(model_path, "--model", "float32")  # Trainer trains in float32 (--bf16: autocast)
     check_tokenizer_files(model_path, "--model")
     try:
         model = RefusionForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -138,6 +144,19 @@ def load_model(model_args: RefusionModelArguments, training_args: TrainingArgume
         return model
     from peft import get_peft_model
 
+    # peft matches each name against the end of the modules' names, and ignores a name that matches none
+    modules = dict(model.named_modules())
+    unmatched = [
+        target
+        for target in model_args.target_modules()
+        if not any(name == target or name.endswith(f".{target}") for name in modules)
+    ]
+    if unmatched:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in modules.items() if isinstance(m, torch.nn.Linear)})
+        raise CommandError(
+            f"--lora-target-modules: {', '.join(unmatched)} names no module of the model; its linear layers are "
+            f"{', '.join(linear)}."
+        )
     if training_args.gradient_checkpointing:
         model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad-requiring input
     return get_peft_model(model, model_args.lora_config())
@@ -145,9 +164,36 @@ def load_model(model_args: RefusionModelArguments, training_args: TrainingArgume
 
 def parse_arguments(argv: list[str]) -> tuple[RefusionModelArguments, RefusionTrainingArguments]:
     try:
-        return TrainArgumentParser(__doc__).parse(argv)
+        model_args, training_args = TrainArgumentParser(__doc__).parse(argv)
     except ValueError as error:
         raise CommandError(first_line(error)) from None
+    for name in ("seed", "data_seed"):  # transformers' set_seed raises on a seed numpy does not take, mid-run
+        value = getattr(training_args, name)
+        if value is not None and not 0 <= value < SEED_LIMIT:
+            flag = f"--{name.replace('_', '-')}"
+            raise CommandError(f"{flag} must be an integer from 0 to {SEED_LIMIT - 1}, got {value}.")
+    return model_args, training_args
+
+
+def save_final_model(trainer, output_dir: Path) -> None:
+    """`trainer.save_model` into a staging folder of `output_dir`, whose files move up into `output_dir` once the
+    save is complete: a failed save (a full disk) leaves no partial model there. (The Trainer's checkpoints are its
+    own; resuming skips an incomplete one.) Every process takes part in the save: FSDP and DeepSpeed gather the
+    weights."""
+    staging = output_dir / FINAL_SAVE_STAGING
+    try:
+        trainer.save_model(str(staging))
+        trainer.accelerator.wait_for_everyone()
+        if trainer.is_world_process_zero():
+            move_into_place(staging, output_dir)
+    except OSError as error:
+        raise CommandError(
+            f"--output-dir {output_dir}: saving the trained model failed ({first_line(error)}); nothing of it was "
+            "written there (the Trainer's checkpoints are kept: --resume-from-checkpoint last)."
+        ) from None
+    finally:
+        if trainer.is_world_process_zero():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,8 +240,16 @@ def run(args: argparse.Namespace) -> int:
             f"{f'LoRA r={model_args.lora_r}' if model_args.lora else 'full fine-tuning'}; "
             f"{training_args.world_size} process(es)"
         )
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(output_dir)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise CommandError(
+            f"--output-dir {output_dir}: the disk is full ({first_line(error)}); free space and resume with "
+            "--resume-from-checkpoint last (an incomplete checkpoint is skipped)."
+        ) from None
+    save_final_model(trainer, Path(output_dir))
     trainer.save_state()
     if trainer.is_world_process_zero():
         hub_base = None if Path(model_args.model).exists() else model_args.model  # a Hub id names the base
