@@ -23,6 +23,7 @@ def stock(fixture_path):
         dict(num_beams=3),
         dict(repetition_penalty=1.3, no_repeat_ngram_size=2),
         dict(do_sample=True, num_return_sequences=3),
+        dict(eos_token_id=-1, pad_token_id=-1),  # "never stop", as transformers' own tests use it
     ],
     ids=lambda kwargs: ",".join(kwargs),
 )
@@ -48,3 +49,37 @@ def test_default_length_is_stocks(model64, stock):
     theirs = stock.generate(PROMPT, do_sample=False)
     assert torch.equal(model64.generate(PROMPT, decoding="autoregressive", do_sample=False), theirs)
     assert theirs.shape[1] == 8 + 20
+
+
+def test_inputs_embeds_alone(model64, stock):
+    embeds = stock.get_input_embeddings()(PROMPT)
+    theirs = stock.generate(inputs_embeds=embeds, max_new_tokens=8, do_sample=False)
+    ours = model64.generate(inputs_embeds=embeds, max_new_tokens=8, decoding="autoregressive", do_sample=False)
+    assert torch.equal(ours, theirs)
+    with pytest.raises(ValueError, match="ReFusion decoding needs `input_ids`.*decoding='autoregressive'"):
+        model64.generate(inputs_embeds=embeds, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("main", ["ours", "stock"])
+def test_ours_as_assistant(model64, stock, main):
+    """Stock assisted decoding calls the assistant's `generate` with the main model's prepared config
+    (`is_assistant`): ours then drafts left to right, as stock Qwen3 does with the same weights."""
+    theirs = stock.generate(PROMPT, max_new_tokens=10, assistant_model=stock, do_sample=False)
+    if main == "ours":
+        tokens = model64.generate(
+            PROMPT, max_new_tokens=10, assistant_model=model64, decoding="autoregressive", do_sample=False
+        )
+    else:
+        tokens = stock.generate(PROMPT, max_new_tokens=10, assistant_model=model64, do_sample=False)
+    assert torch.equal(tokens, theirs)
+
+
+def test_prefill_computes_one_row_of_logits(model64):
+    """`logits_to_keep` reaches the forward: stock generate asks for the last position's logits only."""
+    widths = []
+    hook = model64.lm_head.register_forward_hook(lambda module, args, output: widths.append(args[0].shape[1]))
+    try:
+        model64.generate(PROMPT, max_new_tokens=3, decoding="autoregressive", do_sample=False)
+    finally:
+        hook.remove()
+    assert widths == [1, 1, 1]
