@@ -83,9 +83,19 @@ def test_what_cannot_be_honoured_is_refused_by_name(model32, kwargs, message):
 
 
 def test_bad_inputs_are_refused(model32):
-    for inputs in ([], [[]], "text"):
+    for inputs in ([], [[]], "text", [["a", "b"]], [[2**64]], [5, 6]):
         with pytest.raises(ValueError, match="inputs"):
             model32.generate_batch(inputs, max_new_tokens=4)
+    # Token ids are checked as generate() checks them: integers, inside the vocabulary.
+    for inputs, dtype in (([[5, 6], [5.0, 6.0]], "torch.float32"), ([[True, False]], "torch.bool")):
+        with pytest.raises(
+            ValueError, match=rf"`inputs\[{len(inputs) - 1}\]` must hold integer token ids, got dtype {dtype}"
+        ):
+            model32.generate_batch(inputs, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"must hold integer token ids, got dtype torch.float64"):
+        model32.generate_batch([torch.tensor([5.0, 6.0], dtype=torch.float64)], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"`input_ids` holds ids outside the vocabulary \(0 .. 63\)"):
+        model32.generate_batch([[5, 64]], max_new_tokens=4)
 
 
 def test_autoregressive_decoding_is_transformers_own_generate_batch(model32):

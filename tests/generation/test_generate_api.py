@@ -318,3 +318,34 @@ def test_presets_are_the_authors_settings(model64):
     with pytest.raises(ValueError, match=r"`preset` must be one of \['arc_challenge_chat'"):
         model64.generate(PROMPT, preset="squad")
     assert model64.generate(PROMPT, preset="mbpp", decoding="autoregressive", max_new_tokens=5).shape == (1, 13)
+
+
+def test_special_ids_equal_to_the_mask_are_refused(model64):
+    """The answer's masks are filled with drafts: the mask can be neither its end nor its padding (ReFusion only:
+    the mask means nothing to left-to-right decoding, where stock generate takes them)."""
+    for kwargs, name in (
+        (dict(eos_token_id=MASK), "eos_token_id"),
+        (dict(eos_token_id=[EOS, MASK]), "eos_token_id"),
+        (dict(mask_token_id=EOS), "eos_token_id"),
+        (dict(pad_token_id=MASK), "pad_token_id"),
+    ):
+        message = rf"`{name}` equals the mask token id \({kwargs.get('mask_token_id', MASK)}\)"
+        with pytest.raises(ValueError, match=message):
+            model64.generate(PROMPT, max_new_tokens=4, **kwargs)
+        with pytest.raises(ValueError, match=message):
+            model64.generate_batch(PROMPT.tolist(), max_new_tokens=4, **kwargs)
+    out = model64.generate(PROMPT, max_new_tokens=4, eos_token_id=MASK, pad_token_id=MASK, decoding="autoregressive")
+    assert out.shape == (1, 12)
+
+
+def test_a_generation_config_that_is_not_one_is_refused(model64):
+    message = r"`generation_config` must be a `GenerationConfig` \(or None\), got dict: pass `RefusionGenerationConfig"
+    for call in (
+        lambda config: model64.generate(PROMPT, generation_config=config),
+        lambda config: model64.generate(PROMPT, config),
+        lambda config: model64.generate(PROMPT, generation_config=config, decoding="autoregressive"),
+        lambda config: model64.generate_batch([[5, 6]], generation_config=config),
+        lambda config: model64.generate_batch([[5, 6]], generation_config=config, decoding="autoregressive"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call({"max_new_tokens": 4})
