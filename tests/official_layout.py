@@ -13,6 +13,8 @@ The fixture's tokens are only renumbered (`OFFICIAL_IDS`): the embedding and LM-
 so the folder is the same network as the fixture, and a decoding of it equals the fixture's decoding with every id
 mapped through `to_official`.
 
+`python -m tests.official_layout OUT` writes the official-layout folder into OUT (for a check by hand).
+
 `build_marker_folder(out, marker_dir, model_type=...)` is the same folder in which every `.py` a loader could run
 (the auto_map's configuration and modeling files, a tokenizer named by a tokenizer `auto_map`, and
 `custom_generate/generate.py`) first writes a file named after itself into `marker_dir` when it is imported: a load
@@ -163,3 +165,9 @@ def markers(marker_dir: Path) -> list[str]:
 
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_official_layout(Path(sys.argv[1])))
