@@ -29,6 +29,7 @@ from .draft_policy import DraftPolicy
 from .refusion_decoder import DecodingSettings, PrefixStopping, SequenceDecoder, decode_batch
 from .refusion_generation_config import (
     DEFAULT_BLOCK_SIZE,
+    NEVER_ID,
     REFUSION_FIELDS,
     RefusionGenerationConfig,
     RefusionGenerationOutput,
@@ -137,6 +138,10 @@ def refusion_generate(
         return GenerationMixin.generate(model, inputs, custom_generate=custom_generate, **stock_arguments, **kwargs)
     kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
     check_generation_config(generation_config)
+    if getattr(generation_config, "is_assistant", False):
+        # Stock assisted decoding asks this model for drafts, with the config it prepared: stock scores an
+        # assistant's drafts token by token, so they are drafted left to right, by stock generate.
+        return GenerationMixin.generate(model, inputs, **stock_arguments, **kwargs)
     has_default_max_length, has_default_min_length = (
         kwargs.get(name) is None
         and (generation_config is None or getattr(generation_config, name) is None)
@@ -147,10 +152,12 @@ def refusion_generate(
     input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
     attention_mask = model_kwargs.pop("attention_mask", None)
     vocab_size = model.get_input_embeddings().num_embeddings
-    check_token_ids(input_ids, attention_mask, config, vocab_size)
-
     if config.decoding == "autoregressive":
-        # ReFusion knobs mean nothing to left-to-right decoding; the prompt goes in positionally.
+        # Stock generate, after the argument checks that turn its TypeErrors and IndexErrors into ValueErrors, but
+        # none of ReFusion's own requirements (input_ids, a mask token, an EOS, special ids >= 0, left padding).
+        if input_ids is not None or "inputs_embeds" not in model_kwargs:
+            check_token_ids(input_ids, attention_mask, config, vocab_size)
+        # ReFusion knobs mean nothing to left-to-right decoding and are dropped; the prompt goes in positionally.
         dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
         stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
         if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
@@ -161,6 +168,7 @@ def refusion_generate(
             stock_kwargs["attention_mask"] = attention_mask
         return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
 
+    check_token_ids(input_ids, attention_mask, config, vocab_size)
     tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
     refuse_unsupported(config, model_kwargs, stock_arguments)
     if isinstance(stopping_criteria, StoppingCriteria):
@@ -452,9 +460,13 @@ def check_integer_ids(name: str, ids: torch.Tensor) -> None:
 
 
 def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig, vocab_size: int) -> None:
-    """`ValueError` for prompts and token ids that are not ids of this model (both decoding paths)."""
+    """`ValueError` for prompts and token ids that are not ids of this model. With `decoding="autoregressive"`
+    special ids may be negative, as stock generate allows (`eos_token_id=-1`: never stop)."""
     if input_ids is None:
-        raise ValueError("generate() needs `input_ids` (the prompts as token ids); `inputs_embeds` is not supported.")
+        raise ValueError(
+            "ReFusion decoding needs `input_ids` (the prompts as token ids: its decoder feeds prompts and canvases "
+            "as tokens); `inputs_embeds` alone works with `decoding='autoregressive'`."
+        )
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise ValueError("`input_ids` must be a 2-D tensor of token ids, shape (batch_size, prompt_length).")
     check_integer_ids("input_ids", input_ids)
@@ -485,8 +497,9 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
         "suppress_tokens": config.suppress_tokens or [],
         "begin_suppress_tokens": config.begin_suppress_tokens or [],
     }
+    lowest = NEVER_ID if config.decoding == "autoregressive" else 0  # stock reads a negative id as "none"
     for name, ids in named.items():
-        outside = [i for i in ids if i is not None and not 0 <= i < vocab_size]
+        outside = [i for i in ids if i is not None and not lowest <= i < vocab_size]
         if outside:
             raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
 
