@@ -3,7 +3,10 @@
 A user error (a bad path or flag value, an unreadable or corrupt checkpoint, a folder without a tokenizer, bad
 data, an output that cannot be written) is a `CommandError`: `refusion_hf.cli.main` prints it as the one line
 `refusion <command>: error: <message>` and exits with status 2, without a traceback. Anything else is an internal
-error and keeps its traceback. Outputs are checked before any long work starts.
+error and keeps its traceback. Outputs are checked before any long work starts, and written to a staging path
+moved into place only when complete (`staged_output`), so a failed write (a full disk) leaves no partial output.
+A checkpoint folder's config.json is validated (`RefusionConfig`'s own validation, and its parameters against the
+machine's memory) before any layer is built.
 """
 
 from __future__ import annotations

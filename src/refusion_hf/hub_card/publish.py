@@ -8,7 +8,10 @@ this format. An adapter folder holds the adapter config (with a Hub `base_model_
 weights as safetensors, the tokenizer when there is one, and its card.
 
 The folder is built next to `out` and moved into place only when complete, so a failed run never leaves a
-half-written folder behind. Inputs are validated before any heavy work.
+half-written folder behind. Inputs are validated before any heavy work. Only the source folder's own regular files
+are read: a symbolic link leaving it (its target would be published) is refused by name, and so is what would be
+published differently from the source (a tokenizer `auto_map`, whose code publish does not carry; a corrupt
+adapter).
 
 A push makes the repository's model the folder's: model files of an earlier push that the folder does not have
 (weights, a shard index, an adapter, this package's remote-code modules, tokenizer files: `_managed_patterns()` at
