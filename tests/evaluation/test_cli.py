@@ -74,6 +74,7 @@ def test_synthetic_end_to_end_with_code_execution(tmp_path, capsys):
     assert "| decoding | accuracy | tokens/s | tokens/forward |" in printed
     assert "| refusion |" in printed and "| autoregressive |" in printed
     assert "generated code runs in: bubblewrap" in captured.err, "... and printed"
+    assert "nested user namespaces disabled, libseccomp filter" in captured.err and "verdict: passed =" in captured.err
 
 
 @pytest.fixture

@@ -154,3 +154,18 @@ def test_bad_write_arguments_are_named(tmp_path):
         write_jsonl(tmp_path / "x.jsonl", "train", 2, 0, record_format="chatml")
     with pytest.raises(ValueError, match="`n` must be an integer >= 0"):
         generate_problems("train", -1, 0)
+
+
+def test_the_suites_code_metric_scores_an_early_exit_as_wrong(monkeypatch):
+    """The lm-eval task's metric runs the answer and the hidden tests in the sandbox as two programs: the reference
+    passes, a wrong answer that leaves before the tests (exit status 0) does not."""
+    pytest.importorskip("lm_eval")
+    from refusion_hf.evaluation.lm_eval_tasks.synthetic_suite import is_correct
+    from refusion_hf.evaluation.sandbox import ALLOW_ENV_VAR
+
+    monkeypatch.setenv(ALLOW_ENV_VAR, "1")
+    problem = next(p for p in generate_problems("test", 3, seed=7) if p.family == "code")
+    wrong = problem.answer.replace("return ", "return None and ")
+    assert is_correct("code", problem.answer, problem.target)
+    assert not is_correct("code", wrong, problem.target)
+    assert not is_correct("code", wrong + "\nimport sys\nsys.exit(0)\n", problem.target)

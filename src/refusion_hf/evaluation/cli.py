@@ -355,7 +355,9 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
         except SandboxUnavailable as error:
             raise CommandError(f"{error}") from None
         print(f"generated code runs in: {code_sandbox['tool']} ({', '.join(code_sandbox['namespaces'])} namespaces, "
-              f"uid {code_sandbox['uid_inside']}, {code_sandbox['filesystem']})", file=sys.stderr)  # fmt: skip
+              f"nested user namespaces {code_sandbox['nested_user_namespaces']}, {code_sandbox['seccomp']}, "
+              f"uid {code_sandbox['uid_inside']}, {code_sandbox['filesystem']}); "
+              f"verdict: {code_sandbox['verdict']}", file=sys.stderr)  # fmt: skip
 
     import torch
 

@@ -30,7 +30,7 @@ def is_correct(family: str, answer: str, target: str) -> bool:
         extracted = extract_numeric_answer(answer)
         return extracted is not None and extracted == reference_number(target)
     if family == "code":
-        [(passed, _)] = score_programs([f"{extract_code(answer)}\n\n{target}\n"])
+        [(passed, _)] = score_programs([extract_code(answer)], tests=[target])
         return passed
     return normalize_listing(answer) == normalize_listing(target)
 
