@@ -178,10 +178,12 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         return super()._from_config(config, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        self.config.auto_map = auto_map_for(self.config_class, type(self))
+        # The model's own class: FSDP2 (`fully_shard`) swaps in a subclass it defines in a torch module.
+        model_class = next(cls for cls in type(self).__mro__ if not cls.__module__.startswith("torch."))
+        self.config.auto_map = auto_map_for(self.config_class, model_class)
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            write_model_bundle(save_directory, self.config_class, type(self))
+            write_model_bundle(save_directory, self.config_class, model_class)
 
 
 _TASK_HEADS = (GenericForSequenceClassification, GenericForQuestionAnswering, GenericForTokenClassification)

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import sys
-import zipfile
 from pathlib import Path
 
 import torch
@@ -43,6 +42,7 @@ from ..command_inputs import (
 from ..modeling import RefusionForCausalLM
 from .arguments import RefusionModelArguments, RefusionTrainingArguments, TrainArgumentParser
 from .data import load_sft_dataset
+from .engines import deepspeed_requested, engine_checkpoint_problem, holds_engine_checkpoint, torch_save_problem
 
 FINAL_SAVE_STAGING = ".final-save.partial"  # in --output-dir, while the trained model is saved
 
@@ -111,7 +111,8 @@ def checkpoint_problem(folder: Path, needs_optimizer: bool = True) -> str | None
             weights += [folder / name for name in set(json.loads(index.read_text())["weight_map"].values())]
         except (OSError, ValueError, KeyError):
             return f"{index.name} unreadable"
-    if not weights:
+    engine = holds_engine_checkpoint(folder)  # FSDP's or DeepSpeed's own format: model and optimizer in it
+    if not weights and not engine:
         return "no weights"
     for path in weights:
         try:
@@ -119,12 +120,16 @@ def checkpoint_problem(folder: Path, needs_optimizer: bool = True) -> str | None
                 handle.keys()
         except Exception as error:  # noqa: BLE001 - a truncated or missing shard, whatever safetensors raises
             return f"{path.name} incomplete ({first_line(error)})"
+    problem = engine_checkpoint_problem(folder, needs_optimizer) if engine else None
+    if problem:
+        return problem
     pickled = [OPTIMIZER_NAME, SCHEDULER_NAME] if needs_optimizer else []
-    for name in pickled + [p.name for p in folder.glob("rng_state*.pth")]:
-        try:
-            zipfile.ZipFile(folder / name).close()  # torch.save writes a zip: a cut file has no central directory
-        except (OSError, zipfile.BadZipFile):
-            return f"{name} missing or incomplete"
+    if engine:  # the engine saved the optimizer (DeepSpeed also the scheduler) in its format, checked above
+        pickled = [] if (folder / "latest").is_file() else pickled[1:]
+    for path in [folder / name for name in pickled] + sorted(folder.glob("rng_state*.pth")):
+        problem = torch_save_problem(path)
+        if problem:
+            return problem
     return None
 
 
@@ -197,6 +202,8 @@ def save_final_model(trainer, output_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if deepspeed_requested(getattr(args, "extra_args", [])):  # else transformers fails parsing, with a traceback
+        require_extra("deepspeed", "deepspeed")
     model_args, training_args = parse_arguments(getattr(args, "extra_args", []))
     require_extra("train", "accelerate", *(["peft"] if model_args.lora else []))
     from .trainer import RefusionTrainer
@@ -225,12 +232,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise CommandError(f"--data {model_args.data}: {first_line(error)}") from None
     slot_sizes = training_args.slot_size_values
-    trainer = RefusionTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-    )
+    try:
+        trainer = RefusionTrainer(model=model, args=training_args, train_dataset=dataset, processing_class=tokenizer)
+    except ValueError as error:  # arguments the Trainer or the launch's engine refuse
+        raise CommandError(first_line(error)) from None
     if trainer.is_world_process_zero():
         stats = dataset.stats
         print(

@@ -15,6 +15,9 @@ resuming are the stock ones):
 * `data_collator` defaults to a `RefusionDataCollator` over `processing_class` and the model's mask token, seeded
   with `args.data_seed` (or `args.seed`), with the data options of `args` when they are `RefusionTrainingArguments`
   (an explicit collator that disagrees with them is refused);
+* accelerate's engines (training/engines.py): FSDP asked for in a CPU run runs as FSDP2 (accelerate would run plain
+  DDP), DeepSpeed there is refused; a model you save under FSDP is one full state dict (a from_pretrained folder),
+  checkpoints keep the engine's sharded format;
 * label smoothing and `compute_loss_func` are refused (either would replace the ReFusion loss; the label
   smoother also assumes shifted causal-LM labels);
 * `create_model_card` writes the ReFusion card (`hub_card`, the one `refusion publish` writes) from the live
@@ -39,6 +42,7 @@ from transformers.utils import logging
 
 from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
+from .engines import full_state_dict, use_requested_engine_on_cpu
 
 logger = logging.get_logger(__name__)
 
@@ -84,6 +88,10 @@ class RefusionTrainer(Trainer):
         self._loss_part_sums = None
         self._loss_part_count = 0
         self._card_problems: set[str] = set()  # why a save got no card, each said once
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        use_requested_engine_on_cpu(self)  # FSDP / DeepSpeed asked for on CPU: run it or refuse (engines.py)
 
     def _default_collator(self) -> RefusionDataCollator:
         config = getattr(self.model, "config", None)
@@ -190,11 +198,15 @@ class RefusionTrainer(Trainer):
         self._write_card(Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """The stock save; a save you ask for (not a checkpoint's or `push_to_hub`'s) also writes the ReFusion card
-        next to the model."""
-        super().save_model(output_dir, _internal_call)
-        if not _internal_call:
-            self._write_card(Path(output_dir or self.args.output_dir))
+        """The stock save; a save you ask for (not a checkpoint's or `push_to_hub`'s) is a normal `from_pretrained`
+        folder also under FSDP with a sharded state dict (checkpoints keep the engine's format, which resuming reads),
+        and gets the ReFusion card next to the model."""
+        if _internal_call:
+            super().save_model(output_dir, _internal_call)
+            return
+        with full_state_dict(self):
+            super().save_model(output_dir, _internal_call)
+        self._write_card(Path(output_dir or self.args.output_dir))
 
     def _write_card(self, folder: Path) -> None:
         """The ReFusion card of the model just saved in `folder`, when it can be built; else a warning says why (once
