@@ -110,6 +110,14 @@ def test_a_missing_seccomp_binding_refuses_with_the_fix():
         sandbox._seccomp_filter(sys.executable)
 
 
+@pytest.mark.parametrize("release", ["5.10.0-28-amd64", "4.19.0", "unknown"])
+def test_a_kernel_without_per_namespace_process_counts_is_refused(release):
+    with pytest.raises(SandboxUnavailable, match=rf"needs Linux >= 5.14 \(this kernel is '{release}'\)"):
+        sandbox._check_kernel(release)
+    sandbox._check_kernel("5.14.0")  # and from 5.14 on it is not
+    sandbox._check_kernel("6.18.44-fc-v1098")
+
+
 def test_arguments_are_checked():
     results = run_programs(["assert True", "assert False", "assert 2 > 1"], allow_code_execution=True, num_workers=2)
     assert [r.passed for r in results] == [True, False, True]

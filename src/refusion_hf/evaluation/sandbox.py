@@ -79,6 +79,8 @@ import functools
 import itertools
 import json
 import os
+import platform
+import re
 import secrets
 import shutil
 import signal
@@ -393,9 +395,25 @@ assert ctypes.CDLL(None).unshare(0x10000000) == -1, 'a user namespace could be c
 """
 
 
+# From Linux 5.14 on, RLIMIT_NPROC counts the tasks of a uid per user namespace: set inside the sandbox's own user
+# namespace, it is a limit of the run alone. Before, it counts every process of the host uid (concurrent runs and the
+# caller's own processes would share one limit).
+MIN_KERNEL = (5, 14)
+
+
+def _check_kernel(release: str) -> None:
+    match = re.match(r"(\d+)\.(\d+)", release)
+    if match is None or (int(match[1]), int(match[2])) < MIN_KERNEL:
+        raise SandboxUnavailable(
+            f"code execution needs Linux >= {MIN_KERNEL[0]}.{MIN_KERNEL[1]} (this kernel is {release!r}): older "
+            "kernels count the sandbox's process limit per host user, not per run; run on a newer kernel."
+        )
+
+
 @functools.lru_cache(maxsize=1)
 def _sandbox() -> _Sandbox:
     """Find bubblewrap and check, once, that it builds the boundary here (else `SandboxUnavailable`)."""
+    _check_kernel(platform.release())
     bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit", path="/usr/bin:/usr/sbin")
     if bwrap is None:
         raise SandboxUnavailable(
