@@ -109,9 +109,15 @@ def test_refusion_generate_and_eval_commands(official, loaded, tmp_path, capsys)
     assert problem["refusion"]["answer"] == tokenizer.decode(refusion_answer(model, ids), skip_special_tokens=True)
 
 
-def test_refusion_lm_eval_model_decodes_with_refusion(official, loaded, tmp_path, capsys):
-    """`refusion lm-eval --model refusion` on the official folder: ReFusion's answers with `slot_size` & co. as model
-    args (before: the folder's code failed to import; without the auto_map, stock autoregressive decoding)."""
+def test_refusion_lm_eval_model_decodes_with_refusion(official, loaded, tmp_path):
+    """The `refusion` lm-eval model on the official folder, through lm-eval's evaluator as `refusion lm-eval` runs
+    it: ReFusion's answers and forward passes with `slot_size` & co. as model args (before: the folder's code failed
+    to import; without the auto_map, stock autoregressive decoding, and `slot_size` refused)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from refusion_hf.evaluation import lm_eval_model
+
     model, tokenizer = loaded
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"question": p, "answer": "t5"}) + "\n" for p in PROMPTS))
@@ -122,21 +128,26 @@ def test_refusion_lm_eval_model_decodes_with_refusion(official, loaded, tmp_path
         "metric_list:\n  - metric: exact_match\n"
     )
     knobs = ",".join(f"{name}={value}" for name, value in KNOBS.items() if name != "max_new_tokens")
-    argv = ["lm-eval", "--model", "refusion", "--model_args", f"pretrained={official},dtype=float32,{knobs}",
-            "--tasks", "official_toy", "--include_path", str(tmp_path), "--batch_size", "1", "--log_samples",
-            "--output_path", str(tmp_path / "out"), "--device", "cpu"]  # fmt: skip
-    assert main(argv) == 0
-    (samples,) = (tmp_path / "out").rglob("samples_official_toy_*.jsonl")
-    answers = {s["doc"]["question"]: s["resps"][0][0] for s in map(json.loads, samples.read_text().splitlines())}
+    tasks = TaskManager(include_path=str(tmp_path), include_defaults=False)  # lm-eval's own 14k tasks: not indexed
+    results = simple_evaluate(
+        model="refusion", model_args=f"pretrained={official},dtype=float32,device=cpu,{knobs}", tasks=["official_toy"],
+        batch_size=1, task_manager=tasks, log_samples=True,
+    )  # fmt: skip
+    report = lm_eval_model.INSTANCES.pop().decoding_report()["tasks"]["official_toy"]
+    answers = {s["doc"]["question"]: s["resps"][0][0] for s in results["samples"]["official_toy"]}
     stock = AutoModelForCausalLM.from_pretrained(official, dtype=torch.float32).eval()
-    differs_from_autoregressive = False
+    forward_passes, differs_from_autoregressive = 0, False
     for prompt in PROMPTS:
-        ids = tokenizer(prompt, add_special_tokens=False).input_ids
-        assert answers[prompt] == tokenizer.decode(refusion_answer(model, ids), skip_special_tokens=True), prompt
-        stock_ids = stock.generate(torch.tensor([ids]), max_new_tokens=KNOBS["max_new_tokens"], do_sample=False)
-        stock_answer = tokenizer.decode(stock_ids[0, len(ids) :], skip_special_tokens=True)
-        differs_from_autoregressive |= answers[prompt] != stock_answer
+        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
+        ours = model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True, **KNOBS)
+        forward_passes += ours.num_forward_passes
+        assert answers[prompt] == tokenizer.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True)
+        stock_ids = stock.generate(ids, max_new_tokens=KNOBS["max_new_tokens"], do_sample=False)
+        differs_from_autoregressive |= answers[prompt] != tokenizer.decode(
+            stock_ids[0, ids.shape[1] :], skip_special_tokens=True
+        )
     assert differs_from_autoregressive, "the prompts tell ReFusion from autoregressive decoding apart"
+    assert report["forward_passes"] == forward_passes and report["requests"] == len(PROMPTS)
 
 
 def test_publish_is_bit_exact(official, tmp_path, capsys):
