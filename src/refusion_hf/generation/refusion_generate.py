@@ -558,6 +558,13 @@ def decoding_settings(model, config: RefusionGenerationConfig, width: int, longe
     slot_size = config.slot_size
     canvas_length = -(-max_new_tokens // slot_size) * slot_size
     block_size = config.block_size if config.block_size is not None else -(-DEFAULT_BLOCK_SIZE // slot_size) * slot_size
+    if longest_prompt + canvas_length > torch.iinfo(torch.long).max:  # positions are int64 tensors
+        raise ValueError(
+            f"`max_new_tokens` ({max_new_tokens}) is beyond what torch can index: the longest prompt "
+            f"({longest_prompt} tokens) plus `max_new_tokens` rounded up to a multiple of `slot_size` ({slot_size}) "
+            "must be at most 2**63 - 1 positions. Pass a smaller `max_new_tokens`; memory and time follow the "
+            "answer, not `max_new_tokens`, so any bound the answers stay under costs the same."
+        )
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and longest_prompt + max_new_tokens > limit:
         warnings.warn(
@@ -607,7 +614,8 @@ def draft_policy(model, config, settings: DecodingSettings, input_ids, attention
         warpers = model._get_logits_processor(
             generation_config=warper_config, logits_processor=LogitsProcessorList(), **build
         )
-    min_new_tokens = max(0, (config.min_length or 0) - width)
+    # Offsets past the canvas never occur: the bound keeps the comparison inside int64 (2**63 would wrap).
+    min_new_tokens = min(max(0, (config.min_length or 0) - width), settings.canvas_length)
     return DraftPolicy(
         never_drafted=torch.tensor(sorted(never), dtype=torch.long, device=device),
         constraints=constraints or None,
