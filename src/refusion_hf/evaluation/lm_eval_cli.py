@@ -60,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
             cli.execute(parsed)
     finally:
         sys.argv = saved_argv
-    reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]
+    reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]  # of every launched process together
+    main_process = all(model.rank == 0 for model in lm_eval_model.INSTANCES)  # as lm-eval, which writes on rank 0
     lm_eval_model.INSTANCES.clear()
-    if not reports:
+    if not reports or not main_process:
         return 0
     report = reports[-1]
     for task, stats in report["tasks"].items():

@@ -22,7 +22,10 @@ sequences, tasks, filters and metrics. Added here:
   its EOS or `max_gen_toks`;
 * per task, generated tokens, forward passes, tokens per forward and tokens/s of `generate_until`, written into the
   results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`. With
-  batches, a forward serves every row: tokens per forward is then the batch's generated tokens per batched forward.
+  batches, a forward serves every row: tokens per forward is then the batch's generated tokens per batched forward;
+* under `accelerate launch --num_processes N` (on CPU with `ACCELERATE_USE_CPU=1`), each process decodes its share
+  of the requests, also where HFLM would have every process decode everything (one GPU, or none), and the speed
+  figures are those of all processes together.
 
 Loglikelihood requests are scored with the causal forward (HFLM's own): the log-probability of each continuation
 token given everything before it, the quantity ReFusion's verification step uses. The authors' harness instead
@@ -34,6 +37,7 @@ per request, and is not offered here.
 from __future__ import annotations
 
 import copy
+import os
 import time
 import warnings
 from collections import defaultdict
@@ -88,6 +92,7 @@ class RefusionLM(HFLM):
             )
         self.continuous_batching = continuous_batching
         super().__init__(pretrained=pretrained, backend=backend, trust_remote_code=trust_remote_code, **kwargs)
+        self._share_requests_with_the_launched_processes(tensor_parallel=kwargs.get("tp_plan") is not None)
         preset_knobs.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
         self.decoding_kwargs = {**preset_knobs, **knobs}
         self.preset = preset
@@ -108,6 +113,24 @@ class RefusionLM(HFLM):
             return preset_settings(preset) if preset is not None else {}
         except ValueError as error:
             raise CommandError(f"model arg preset: {error}") from None
+
+    def _share_requests_with_the_launched_processes(self, tensor_parallel: bool) -> None:
+        """Under `accelerate launch` with N processes, each process decodes its 1/N of the requests (lm-eval gathers
+        the answers on process 0). HFLM shares them only when 2+ GPUs are visible, so with one GPU, or on CPU
+        (`ACCELERATE_USE_CPU=1`: gloo), every process would decode every request; it is set up here instead. A launch
+        that accelerate does not see as distributed is refused (each process would evaluate alone)."""
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched <= 1 or self.world_size > 1 or tensor_parallel:  # tensor parallel: every process, every request
+            return
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is None:
+            raise ValueError(
+                f"{launched} processes were launched (WORLD_SIZE) but accelerate sees no distributed setup, so each "
+                "would evaluate every request alone. Without GPUs, launch with ACCELERATE_USE_CPU=1 (gloo): "
+                "`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m lm_eval --model refusion "
+                "...`."
+            )
+        self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
 
     def _get_config(self, pretrained, *, revision="main", trust_remote_code=False, gguf_file=None, subfolder=""):
         """The folder's config as a `RefusionConfig` (an official `model_type: qwen3` config included), without its
@@ -248,9 +271,24 @@ class RefusionLM(HFLM):
         return GenerateRecord(output.sequences, lengths, row_passes, passes, max(seconds, 1e-9))
 
     def decoding_report(self) -> dict:
-        """Per task: requests, generated tokens, forward passes, tokens per forward, tokens/s; and the knobs."""
+        """Per task: requests, generated tokens, forward passes, tokens per forward, tokens/s; and the knobs. Under
+        `accelerate launch`, of every process together (every process must call it): requests, tokens and forward
+        passes add up, seconds is the slowest process's (they decode at the same time), so tokens/s is the launch's
+        throughput."""
+        per_process = [{task: dict(stats) for task, stats in self.decoding_stats.items()}]
+        if self.world_size > 1:
+            from accelerate.utils import gather_object
+
+            per_process = gather_object(per_process)
+        merged: dict[str, dict[str, float]] = {}
+        for process_stats in per_process:
+            for task, stats in process_stats.items():
+                total = merged.setdefault(task, {"requests": 0, "tokens": 0, "forward_passes": 0, "seconds": 0.0})
+                for key in ("requests", "tokens", "forward_passes"):
+                    total[key] += stats[key]
+                total["seconds"] = max(total["seconds"], stats["seconds"])
         tasks = {}
-        for task, stats in self.decoding_stats.items():
+        for task, stats in merged.items():
             tasks[task] = {
                 **stats,
                 "tokens_per_forward": stats["tokens"] / stats["forward_passes"] if stats["forward_passes"] else None,

@@ -1,0 +1,61 @@
+"""Data-parallel evaluation: `accelerate launch --num_processes 2 -m refusion_hf.cli lm-eval --model refusion ...` on
+CPU (ACCELERATE_USE_CPU=1: gloo) gives the per-sample answers, verdicts and metrics of one process (greedy), each
+process decoding its half of the requests, and the speed record counts the requests, tokens and forward passes of
+both processes once (batch 1, so the forward passes per request do not depend on which requests share a batch)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from refusion_hf.cli import main
+from refusion_hf.modeling.loading import default_model_path
+
+PROBLEMS = 4  # split evenly: lm-eval pads a process with fewer requests by repeating its last one
+
+
+def lm_eval_args(out) -> list[str]:
+    return ["lm-eval", "--model", "refusion", "--model_args", f"pretrained={default_model_path()},dtype=float32",
+            "--tasks", "refusion_synthetic", "--metadata", json.dumps({"seed": 7, "num_problems": PROBLEMS}),
+            "--apply_chat_template", "--batch_size", "1", "--log_samples", "--output_path", str(out)]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def outputs(out) -> tuple[dict, dict, dict]:
+    (samples,) = out.rglob("samples_refusion_synthetic_*.jsonl")
+    (results,) = out.rglob("results_*.json")
+    by_doc = {s["doc_id"]: (s["resps"], s["exact_match"]) for s in map(json.loads, samples.read_text().splitlines())}
+    results = json.loads(results.read_text())
+    return by_doc, results["results"]["refusion_synthetic"], results["refusion_decoding"]["tasks"]["refusion_synthetic"]
+
+
+def test_two_processes_answer_and_score_as_one(tmp_path, capsys):
+    one = tmp_path / "one"
+    assert main(lm_eval_args(one)) == 0
+    capsys.readouterr()
+
+    two = tmp_path / "two"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(free_port()), "-m", "refusion_hf.cli", *lm_eval_args(two)]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("[refusion] refusion_synthetic:") == 1, "the main process reports, once"
+
+    samples, metrics, speed = outputs(two)
+    expected_samples, expected_metrics, expected_speed = outputs(one)
+    assert len(samples) == PROBLEMS and samples == expected_samples
+    assert metrics == expected_metrics
+    for key in ("requests", "tokens", "forward_passes"):
+        assert speed[key] == expected_speed[key], key
+    assert speed["requests"] == PROBLEMS, "each process decoded its half (both decoding all would count twice)"
+    assert speed["tokens_per_forward"] == speed["tokens"] / speed["forward_passes"]
+    assert speed["tokens_per_second"] == speed["tokens"] / speed["seconds"]
