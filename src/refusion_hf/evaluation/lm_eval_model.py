@@ -24,8 +24,8 @@ sequences, tasks, filters and metrics. Added here:
   results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`. With
   batches, a forward serves every row: tokens per forward is then the batch's generated tokens per batched forward;
 * under `accelerate launch --num_processes N` (on CPU with `ACCELERATE_USE_CPU=1`), each process decodes its share
-  of the requests, also where HFLM would have every process decode everything (one GPU, or none), and the speed
-  figures are those of all processes together.
+  of the requests, also where HFLM would have every process decode everything (fewer than 2 GPUs visible to a
+  process: CPU, or one GPU per process), and the speed figures are those of all processes together.
 
 Loglikelihood requests are scored with the causal forward (HFLM's own): the log-probability of each continuation
 token given everything before it, the quantity ReFusion's verification step uses. The authors' harness instead
@@ -116,8 +116,8 @@ class RefusionLM(HFLM):
 
     def _share_requests_with_the_launched_processes(self, tensor_parallel: bool) -> None:
         """Under `accelerate launch` with N processes, each process decodes its 1/N of the requests (lm-eval gathers
-        the answers on process 0). HFLM shares them only when 2+ GPUs are visible, so with one GPU, or on CPU
-        (`ACCELERATE_USE_CPU=1`: gloo), every process would decode every request; it is set up here instead. A launch
+        the answers on process 0). HFLM shares them only when a process sees 2+ GPUs, so on CPU (`ACCELERATE_USE_CPU=1`:
+        gloo) or with one GPU visible per process, every process would decode every request; it is set up here. A launch
         that accelerate does not see as distributed is refused (each process would evaluate alone)."""
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched <= 1 or self.world_size > 1 or tensor_parallel:  # tensor parallel: every process, every request
