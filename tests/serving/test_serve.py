@@ -152,6 +152,8 @@ def test_completions_seeded_sampling_and_refusals(official):
         assert refused.value.status_code == 501 and "/v1/chat/completions" in str(refused.value.body)
         reply = client.completions.create(**request)  # still serving
         assert reply.choices[0].text == tokenizer.decode(greedy, skip_special_tokens=True)
+        # ReFusion decoding, not the autoregressive decoding transformers serve gives an official folder
+        assert greedy != answer(model, ids, max_new_tokens=12, decoding="autoregressive")
 
 
 @pytest.mark.parametrize("continuous_batching", [False, True], ids=["one-at-a-time", "continuous-batching"])
