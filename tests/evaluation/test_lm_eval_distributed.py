@@ -9,8 +9,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from refusion_hf.cli import main
 from refusion_hf.modeling.loading import default_model_path
+from tests.cli_errors import user_error
 
 PROBLEMS = 4  # split evenly: lm-eval pads a process with fewer requests by repeating its last one
 
@@ -59,3 +62,12 @@ def test_two_processes_answer_and_score_as_one(tmp_path, capsys):
     assert speed["requests"] == PROBLEMS, "each process decoded its half (both decoding all would count twice)"
     assert speed["tokens_per_forward"] == speed["tokens"] / speed["forward_passes"]
     assert speed["tokens_per_second"] == speed["tokens"] / speed["seconds"]
+
+
+def test_refusion_eval_says_it_runs_in_one_process(capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "-m refusion_hf.cli lm-eval --model refusion" in capsys.readouterr().out.replace("\n", " ")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under accelerate launch / torchrun
+    message = user_error(capsys, ["eval", "--limit", "1"])
+    assert message.startswith("2 processes were launched, but refusion eval runs in one"), message

@@ -9,6 +9,8 @@ an lm-eval task (harness.py: lm-eval scores, this project times).
 `generate_until` task. Both decodings run in the same process on the same problems, alternating batch by batch; the
 markdown table goes to stdout and the full results (per-problem answers included) to `--json`.
 `--decodings autoregressive` evaluates a model that has no mask token (an autoregressive baseline) the same way.
+It runs in one process (the side-by-side timing needs both decodings on one device); to spread an evaluation over
+several processes or GPUs: `accelerate launch --num_processes N -m refusion_hf.cli lm-eval --model refusion ...`.
 """
 
 from __future__ import annotations
@@ -290,6 +292,12 @@ def check_same_encoding(tokenizer, baseline_tokenizer) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("eval", "lm_eval", "evaluate", "datasets")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1:
+        raise CommandError(
+            f"{launched} processes were launched, but refusion eval runs in one (each would evaluate everything); "
+            "across processes: `accelerate launch --num_processes N -m refusion_hf.cli lm-eval --model refusion ...`."
+        )
     if args.json_out:
         check_output_file(args.json_out, "--json")  # before the evaluation, not after it
     allowed = code_execution_allowed(args.allow_code_execution)
