@@ -71,3 +71,10 @@ def test_refusion_eval_says_it_runs_in_one_process(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # as under accelerate launch / torchrun
     message = user_error(capsys, ["eval", "--limit", "1"])
     assert message.startswith("2 processes were launched, but refusion eval runs in one"), message
+
+
+def test_a_launch_accelerate_does_not_see_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's, without ACCELERATE_USE_CPU on a machine without GPUs
+    message = user_error(capsys, lm_eval_args(tmp_path / "out"))
+    assert message.startswith("2 processes were launched (WORLD_SIZE) but accelerate sees no distributed setup")
+    assert "ACCELERATE_USE_CPU=1" in message

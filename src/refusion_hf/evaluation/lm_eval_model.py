@@ -24,8 +24,8 @@ sequences, tasks, filters and metrics. Added here:
   results JSON by `refusion lm-eval` (`results["refusion_decoding"]`) and kept on `self.decoding_stats`. With
   batches, a forward serves every row: tokens per forward is then the batch's generated tokens per batched forward;
 * under `accelerate launch --num_processes N` (on CPU with `ACCELERATE_USE_CPU=1`), each process decodes its share
-  of the requests, also where HFLM would have every process decode everything (fewer than 2 GPUs visible to a
-  process: CPU, or one GPU per process), and the speed figures are those of all processes together.
+  of the requests, also where HFLM would have every process decode everything (a process that sees fewer than 2
+  GPUs: on CPU), and the speed figures are those of all processes together.
 
 Loglikelihood requests are scored with the causal forward (HFLM's own): the log-probability of each continuation
 token given everything before it, the quantity ReFusion's verification step uses. The authors' harness instead
@@ -117,14 +117,14 @@ class RefusionLM(HFLM):
     def _share_requests_with_the_launched_processes(self, tensor_parallel: bool) -> None:
         """Under `accelerate launch` with N processes, each process decodes its 1/N of the requests (lm-eval gathers
         the answers on process 0). HFLM shares them only when a process sees 2+ GPUs, so on CPU (`ACCELERATE_USE_CPU=1`:
-        gloo) or with one GPU visible per process, every process would decode every request; it is set up here. A launch
+        gloo) every process would decode every request; it is set up here whatever the device. A launch
         that accelerate does not see as distributed is refused (each process would evaluate alone)."""
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched <= 1 or self.world_size > 1 or tensor_parallel:  # tensor parallel: every process, every request
             return
         accelerator = getattr(self, "accelerator", None)
         if accelerator is None:
-            raise ValueError(
+            raise CommandError(
                 f"{launched} processes were launched (WORLD_SIZE) but accelerate sees no distributed setup, so each "
                 "would evaluate every request alone. Without GPUs, launch with ACCELERATE_USE_CPU=1 (gloo): "
                 "`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m lm_eval --model refusion "
