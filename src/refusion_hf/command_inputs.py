@@ -229,10 +229,12 @@ def check_output_file(path: str | Path, flag: str) -> Path:
 
 
 def check_output_folder(path: str | Path, flag: str) -> Path:
+    """`path` is a folder that can be written, or one that can be created in a writable folder (created if
+    missing; `path` itself is created by the writing, so a run refused later leaves no empty folder behind)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CommandError(f"{flag} {path}: is a file; pass a folder (it is created if missing).")
-    _check_writable_folder(path, flag, path)
+    _check_writable_folder(path if path.is_dir() else path.parent, flag, path)
     return path
 
 
@@ -249,8 +251,8 @@ def _check_writable_folder(folder: Path, flag: str, shown: Path) -> None:
 def staged_output(target: str | Path, flag: str) -> Iterator[Path]:
     """A path to write an output (a file, or a folder the caller creates) into, next to `target`; when the block
     completes, the output is moved onto `target` (`move_into_place`), so a failed or interrupted write (a full disk)
-    never leaves a partial output there. On an error the staged output is deleted, and an OSError becomes a
-    `CommandError` naming `flag`."""
+    never leaves a partial output there. On an error the staged output is deleted, and an OSError (or safetensors'
+    error for one) becomes a `CommandError` naming `flag`."""
     shown, target = target, Path(target).resolve()  # `.` has a parent
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
@@ -260,7 +262,11 @@ def staged_output(target: str | Path, flag: str) -> Iterator[Path]:
     try:
         yield staged
         move_into_place(staged, target)
-    except OSError as error:
+    except Exception as error:
+        from safetensors import SafetensorError  # what safetensors raises for an I/O error (ENOSPC) while writing
+
+        if not isinstance(error, (OSError, SafetensorError)):
+            raise
         reason = first_line(error)
         raise CommandError(f"{flag} {shown}: writing it failed ({reason}); nothing was written there.") from None
     finally:

@@ -191,7 +191,7 @@ def save_final_model(trainer, output_dir: Path) -> None:
         trainer.accelerator.wait_for_everyone()
         if trainer.is_world_process_zero():
             move_into_place(staging, output_dir)
-    except OSError as error:
+    except (OSError, SafetensorError) as error:  # safetensors raises its own error for ENOSPC
         raise CommandError(
             f"--output-dir {output_dir}: saving the trained model failed ({first_line(error)}); nothing of it was "
             "written there (the Trainer's checkpoints are kept: --resume-from-checkpoint last)."
