@@ -42,7 +42,7 @@ from transformers.utils import logging
 
 from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
-from .engines import full_state_dict, use_requested_engine_on_cpu
+from .engines import full_state_dict, holds_engine_checkpoint, use_requested_engine_on_cpu
 
 logger = logging.get_logger(__name__)
 
@@ -192,7 +192,8 @@ class RefusionTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The stock checkpoint, then its ReFusion card (training details up to this step), so that every checkpoint
-        is a complete folder to publish. `Trainer._save_checkpoint` by name: TRL's (in `RefusionSFTTrainer`)
+        is a complete folder to publish (except under FSDP / DeepSpeed, whose checkpoints hold the engine's shards,
+        not a from_pretrained folder: no card). `Trainer._save_checkpoint` by name: TRL's (in `RefusionSFTTrainer`)
         writes its own card into `output_dir` first, before any model is saved there."""
         Trainer._save_checkpoint(self, model, trial)
         self._write_card(Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
@@ -223,6 +224,8 @@ class RefusionTrainer(Trainer):
             else:
                 card.save(folder / "README.md")
                 return
+        elif holds_engine_checkpoint(folder):  # FSDP / DeepSpeed shards: no from_pretrained folder to describe
+            return
         else:
             reason = "no tokenizer was saved with it (pass processing_class=)."
         if reason not in self._card_problems:
