@@ -157,10 +157,15 @@ class RefusionLM(HFLM):
         return model
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        """HFLM's, one task at a time (so each task's speed is measured on its own), answers in request order."""
+        """HFLM's, one task at a time (so each task's speed is measured on its own), answers in request order. Under a
+        launch, lm-eval pads a process that has fewer requests than another by repeating its last one (the same
+        request object beyond its `repeats` copies): those copies get the answer already decoded instead of being
+        decoded and counted again, so the speed figures are those of the real requests."""
+        copy_of = self._padding_copies(requests) if self.world_size > 1 else {}
         by_task = defaultdict(list)
         for index, request in enumerate(requests):
-            by_task[request.task_name].append(index)
+            if index not in copy_of:
+                by_task[request.task_name].append(index)
         answers = [None] * len(requests)
         for task, indices in by_task.items():
             self._task = task
@@ -177,7 +182,23 @@ class RefusionLM(HFLM):
             stats["seconds"] += time.perf_counter() - start
             stats["requests"] += len(indices)
         self._task = None
+        for index, original in copy_of.items():
+            answers[index] = answers[original]
         return answers
+
+    @staticmethod
+    def _padding_copies(requests) -> dict[int, int]:
+        """For each of lm-eval's padding entries (an occurrence of a request object beyond its `repeats`), the index
+        of the occurrence it repeats."""
+        occurrences = defaultdict(list)
+        copy_of = {}
+        for index, request in enumerate(requests):
+            seen = occurrences[id(request)]
+            repeats = max(int(getattr(request, "repeats", 1) or 1), 1)
+            if len(seen) >= repeats:
+                copy_of[index] = seen[len(seen) % repeats]
+            seen.append(index)
+        return copy_of
 
     def _generate_continuously(self, requests) -> list[str]:
         """One task's requests through `model.generate_batch` (see the module docstring); answers in request
