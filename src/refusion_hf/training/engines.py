@@ -10,6 +10,9 @@ checkpoints and the Trainer's use of them are accelerate's and transformers' own
 * A model you save under FSDP with a sharded state dict (`trainer.save_model()`) is written as one full state dict,
   a normal `from_pretrained` folder (`full_state_dict`); checkpoints keep the engine's own sharded format, from
   which `--resume-from-checkpoint` resumes.
+* `refusion train --resume-from-checkpoint last` takes the newest complete checkpoint also in the engines' formats
+  (`engine_checkpoint_problem`: every shard a distributed checkpoint's metadata names is whole), and a launch asking
+  for DeepSpeed without it installed gets one line naming the extra (`deepspeed_requested`).
 """
 
 from __future__ import annotations
