@@ -243,7 +243,7 @@ def build_model_card(
     folder = Path(folder)
     check_card_arguments(license=license, repo_id=repo_id, base_model=base_model, datasets=datasets)
     config = RefusionConfig.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     chat = bool(tokenizer.chat_template)
     reports = list(eval_reports or [])
     model_name = _model_name(repo_id, folder, name)
@@ -314,7 +314,7 @@ def build_adapter_card(
     if has_tokenizer:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         chat = bool(tokenizer.chat_template)
         prompt_length = len(prompt_ids(tokenizer, example_prompt))
     reports = list(eval_reports or [])

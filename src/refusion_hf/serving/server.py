@@ -88,7 +88,7 @@ class RefusionModelManager(ModelManager):
 
     def _load_processor(self, model_id_and_revision: str, gguf_file: str | None = None):
         model_id, revision = split_revision(model_id_and_revision)
-        return AutoTokenizer.from_pretrained(model_id, revision=revision)
+        return AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=False)
 
     def _load_model(self, model_id_and_revision: str, tqdm_class=None, progress_callback=None, gguf_file=None):
         model_id, revision = split_revision(model_id_and_revision)

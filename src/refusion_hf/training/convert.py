@@ -113,7 +113,7 @@ def convert_checkpoint(base: str | Path, out: str | Path, mask_token: str = MASK
             "causal LM."
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(base)
+        tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
         model = RefusionForCausalLM.from_pretrained(base, dtype="auto")
     except (OSError, ValueError, SafetensorError) as error:
         raise CommandError(f"--base {base}: the checkpoint does not load ({first_line(error)}).") from None

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_folder(output_dir, "--output-dir")
     model = load_model(model_args, training_args)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.model)
+        tokenizer = AutoTokenizer.from_pretrained(model_args.model, trust_remote_code=False)
     except (OSError, ValueError) as error:
         raise CommandError(f"--model {model_args.model}: the tokenizer does not load ({first_line(error)}).") from None
     check_tokenizer_fits(tokenizer, model.get_input_embeddings().weight.shape[0], f"--model {model_args.model}")
