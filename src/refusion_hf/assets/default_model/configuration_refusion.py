@@ -1,3 +1,4 @@
+# Generated from refusion_hf.modeling.configuration_refusion by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`RefusionConfig`: a Qwen3 configuration plus the id of the mask token.
 
 Official ReFusion checkpoints are stock Qwen3 checkpoints (`model_type: qwen3`) whose config.json carries a
@@ -11,6 +12,17 @@ from huggingface_hub.dataclasses import strict
 from transformers import Qwen3Config
 
 OFFICIAL_MODEL_TYPE = "qwen3"
+# The sizes that shape the network (`RefusionConfig.validate_sizes`).
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 
 
 @strict
@@ -41,6 +53,24 @@ class RefusionConfig(Qwen3Config):
             # Official ReFusion format: a Qwen3 config with a mask token. Same architecture, same weight names.
             config_dict = {**config_dict, "model_type": cls.model_type}
         return config_dict, kwargs
+
+    def validate_sizes(self):
+        """Part of `@strict` validation, so every load path runs it before any layer is built (`@strict` already
+        refuses a float or a string size): the sizes that shape the network are integers >= 1, the query heads
+        share the key/value heads evenly, and the mask id is a row of the embedding matrix. Stock Qwen3Config
+        accepts a negative vocabulary or zero heads and fails later, inside the model."""
+        for name in SIZE_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value}")
+        if self.num_key_value_heads is not None and self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_key_value_heads})"
+            )
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            last = self.vocab_size - 1
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary (0 .. {last})")
 
     def require_mask_token_id(self, purpose: str) -> int:
         """The mask token id, or a `ValueError` that says how to set it."""

@@ -1,3 +1,4 @@
+# Generated from refusion_hf.generation.custom_generate by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """The `custom_generate/generate.py` every folder of this package carries: ReFusion decoding for stock models.
 
 transformers loads it with `model.generate(**inputs, custom_generate=DIR_OR_REPO, trust_remote_code=True)` (and,

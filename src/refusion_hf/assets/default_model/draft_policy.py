@@ -1,3 +1,4 @@
+# Generated from refusion_hf.generation.draft_policy by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`DraftPolicy`: how the decoder turns a forward's logits into drafted tokens and confidences.
 
 transformers does the shaping: the hard constraints (`suppress_tokens`, single-token `bad_words_ids` and

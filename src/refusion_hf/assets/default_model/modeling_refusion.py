@@ -1,16 +1,21 @@
+# Generated from refusion_hf.modeling.modeling_refusion by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`RefusionForCausalLM`: the stock Qwen3 causal LM, with ReFusion decoding in `generate()`.
 
-The network is exactly transformers' Qwen3 (subclassed, not copied). Three things differ:
+The network is exactly transformers' Qwen3 (subclassed, not copied). Four things differ:
 
 * `generate()` comes from `RefusionGenerationMixin` (placed first in the MRO, so it wins over
   `GenerationMixin.generate` while `prepare_inputs_for_generation` & co. stay the stock ones that PEFT uses);
-* `forward()` always passes an explicit attention mask. Without one, transformers >= 5 treats non-monotonic
-  `position_ids` (ReFusion's permuted slots) as packed sequences and silently cuts attention at every position
-  jump. Building an all-ones mask when none is given makes that impossible.
 * `forward(..., labels, mdm_weights)` computes the ReFusion training loss (`refusion_loss.py`, docs/design.md §2) when
   `mdm_weights` (built by `RefusionDataCollator`) is given: `labels` are then the collator's unshifted targets and
-  the output carries `loss = ar_loss + mdm_loss` and both parts. Without `mdm_weights`, `labels` keep their stock
-  meaning (shifted causal-LM loss), so the model also trains as a plain autoregressive LM.
+  the output carries `loss = ar_loss + mdm_loss` and both parts. That layout's `position_ids` are permuted on
+  purpose, so there a missing attention mask means causal attention over the whole row (transformers >= 5 would
+  read every position jump as the start of a packed sequence and cut attention there). Without `mdm_weights`,
+  `forward` is stock Qwen3's: `labels` give the shifted causal-LM loss, `logits_to_keep` keeps the last rows, and
+  position-id restarts without a mask are packed sequences (padding-free batches), so the model also trains, scores
+  and generates as a plain autoregressive LM.
+* a 4D boolean attention mask is made additive under eager attention (stock eager would add the booleans);
+* `AutoModel` maps `RefusionConfig` to this LM-head class (as the official checkpoint's `auto_map` does), except
+  for the backbone of a transformers Qwen3 task head, which gets the base `Qwen3Model` (`_from_config`).
 
 `save_pretrained` (and so `push_to_hub`) also writes the flat remote-code bundle and `auto_map`, so the saved
 folder loads with `trust_remote_code=True` where this package is not installed, and `custom_generate/`, so a stock
@@ -21,8 +26,15 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from transformers import Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM, Qwen3Model
+from transformers.modeling_layers import (
+    GenericForQuestionAnswering,
+    GenericForSequenceClassification,
+    GenericForTokenClassification,
+)
 
 from .refusion_generation_config import RefusionGenerationConfig
 from .refusion_generation_mixin import RefusionGenerationMixin
@@ -67,49 +79,62 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         cache=None,
         inputs_embeds=None,
         labels=None,
+        use_cache=None,
+        logits_to_keep=0,
         mdm_weights=None,
         **kwargs,
     ):
         r"""
-        The stock Qwen3 causal-LM forward, plus:
+        The stock Qwen3 causal-LM forward (same arguments, same meaning, `logits_to_keep` included), plus:
 
         mdm_weights (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Built by `RefusionDataCollator`: `1 / (p_mask * answer_length * num_examples)` at masked positions, 0
-            elsewhere. When given, `labels` are the collator's unshifted targets and the loss is ReFusion's
-            `ar_loss + mdm_loss` (float32), both parts also returned. When absent, `labels` give the ordinary
-            shifted causal-LM loss.
+            elsewhere. It marks the ReFusion training layout: `labels` are then the collator's unshifted targets,
+            the loss is ReFusion's `ar_loss + mdm_loss` (float32, both parts also returned), every position's
+            logits are computed (`logits_to_keep` must be 0), and `position_ids` are permuted positions, so a
+            missing `attention_mask` means causal attention over the whole row. Without `mdm_weights`, `labels`
+            give the ordinary shifted causal-LM loss and `position_ids` without an `attention_mask` mean what they
+            mean to stock Qwen3: a restart marks a new sequence packed in the row (padding-free batches).
 
         A 4D boolean `attention_mask` (True = may attend; `RefusionDataCollator(packing_length=...)` builds one) is
         turned into the additive float mask of the model's dtype when the attention implementation is eager,
-        which would otherwise add the booleans to the scores.
+        which would otherwise add the booleans to the scores (sdpa reads it as given).
         """
-        if attention_mask is None and position_ids is not None:
-            attention_mask = self._all_ones_attention_mask(input_ids, inputs_embeds, cache, kwargs)
-        elif (
-            torch.is_tensor(attention_mask)  # stock generation with a static cache passes a dict of masks
-            and attention_mask.ndim == 4
-            and attention_mask.dtype == torch.bool
-            and self.config._attn_implementation == "eager"
-        ):
-            additive = torch.zeros(attention_mask.shape, dtype=self.dtype, device=attention_mask.device)
-            attention_mask = additive.masked_fill_(~attention_mask, torch.finfo(self.dtype).min)
-        if cache is not None:
+        attention_mask = self._additive_if_boolean_for_eager(attention_mask)
+        if cache is not None:  # only when given: `past_key_values=` (deprecated) then still reaches stock forward
             kwargs["cache"] = cache
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
         if mdm_weights is None:
-            return super().forward(**inputs, inputs_embeds=inputs_embeds, labels=labels, **kwargs)
+            return super().forward(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                labels=labels,
+                use_cache=use_cache,
+                logits_to_keep=logits_to_keep,
+                **kwargs,
+            )
         if labels is None:
             raise ValueError(
                 "`mdm_weights` was given without `labels`: the ReFusion loss needs both (`RefusionDataCollator` "
                 "builds them together)."
             )
-        logits_to_keep = kwargs.get("logits_to_keep", 0)
         if isinstance(logits_to_keep, torch.Tensor) or logits_to_keep not in (0, None):
             raise ValueError("`logits_to_keep` must be 0 with the ReFusion loss, which needs every position's logits.")
+        if attention_mask is None and position_ids is not None:
+            # ReFusion's positions are permuted on purpose: a jump is the next slot, not a new packed sequence.
+            attention_mask = self._all_ones_attention_mask(input_ids, inputs_embeds, kwargs)
         kwargs.pop("num_items_in_batch", None)  # the ReFusion loss has its own normalisation
         return_dict = kwargs.pop("return_dict", None)
-        kwargs.setdefault("use_cache", False)
-        outputs = super().forward(**inputs, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        outputs = super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False if use_cache is None else use_cache,
+            return_dict=True,
+            **kwargs,
+        )
         ar_loss, mdm_loss = refusion_loss(outputs.logits, labels, mdm_weights)
         result = RefusionCausalLMOutputWithPast(
             loss=ar_loss + mdm_loss,
@@ -124,19 +149,58 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
             return_dict = getattr(self.config, "return_dict", True)
         return result if return_dict else result.to_tuple()
 
+    def _additive_if_boolean_for_eager(self, attention_mask):
+        if (
+            torch.is_tensor(attention_mask)  # stock generation with a static cache passes a dict of masks
+            and attention_mask.ndim == 4
+            and attention_mask.dtype == torch.bool
+            and self.config._attn_implementation == "eager"
+        ):
+            additive = torch.zeros(attention_mask.shape, dtype=self.dtype, device=attention_mask.device)
+            return additive.masked_fill_(~attention_mask, torch.finfo(self.dtype).min)
+        return attention_mask
+
     @staticmethod
-    def _all_ones_attention_mask(input_ids, inputs_embeds, cache, kwargs) -> torch.Tensor:
+    def _all_ones_attention_mask(input_ids, inputs_embeds, kwargs) -> torch.Tensor:
         reference = input_ids if input_ids is not None else inputs_embeds
-        cache = cache if cache is not None else kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past_length = cache.get_seq_length() if cache is not None else 0
         batch_size, query_length = reference.shape[:2]
         return torch.ones(batch_size, past_length + query_length, dtype=torch.long, device=reference.device)
 
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        # `AutoModel` maps a `RefusionConfig` to this class, as the official checkpoint's `auto_map` maps
+        # `AutoModel` to its LM head (docs/design.md §1). transformers' Qwen3 task heads (sequence and token
+        # classification, question answering) build their backbone with `AutoModel.from_config(config)`: built on a
+        # `RefusionConfig`, they get the base model, which is what every other config gives them there.
+        if _building_a_task_head():
+            return Qwen3Model._from_config(config, **kwargs)
+        return super()._from_config(config, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
-        self.config.auto_map = auto_map_for(self.config_class, type(self))
+        # The model's own class: FSDP2 (`fully_shard`) swaps in a subclass it defines in a torch module.
+        model_class = next(cls for cls in type(self).__mro__ if not cls.__module__.startswith("torch."))
+        self.config.auto_map = auto_map_for(self.config_class, model_class)
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            write_model_bundle(save_directory, self.config_class, type(self))
+            write_model_bundle(save_directory, self.config_class, model_class)
+
+
+_TASK_HEADS = (GenericForSequenceClassification, GenericForQuestionAnswering, GenericForTokenClassification)
+
+
+def _building_a_task_head() -> bool:
+    """Whether the `AutoModel.from_config` call that reached `_from_config` comes from a transformers task head's
+    `__init__`: `_from_config` <- `AutoModel.from_config` <- the head's `__init__` (a wrapper may sit between)."""
+    frame = sys._getframe(2)  # `AutoModel.from_config`
+    for _ in range(3):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), _TASK_HEADS):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _refuse_mdm_weights_in_backbone(module, args, kwargs):

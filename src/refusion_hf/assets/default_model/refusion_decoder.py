@@ -1,3 +1,4 @@
+# Generated from refusion_hf.generation.refusion_decoder by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """ReFusion plan-and-infill decoding (docs/design.md §3), for left-padded batches.
 
 Each sequence is a `SequenceDecoder`: an explicit state machine over the stages
@@ -252,10 +253,12 @@ class SequenceDecoder:
         self.device = device
         self.prompt_length = prompt.shape[0]
         k, length = settings.slot_size, settings.canvas_length
-        self.canvas = torch.full((length,), settings.mask_token_id, dtype=torch.long, device=device)
-        self.written = bytearray(length)  # 1 where the canvas holds a committed token (host-side: no device sync)
+        # The canvas grows as blocks are entered (`_reserve`), so memory follows the decoded answer, never
+        # `max_new_tokens`: positions not allocated yet are masks, uncommitted.
+        self.canvas = torch.empty(0, dtype=torch.long, device=device)
+        self.written = bytearray()  # 1 where the canvas holds a committed token (host-side: no device sync)
         self._prefix = 0  # committed positions 0 .. _prefix - 1 (only grows)
-        self.commit_step = torch.full((length,), -1, dtype=torch.long, device=device)
+        self.commit_step = torch.empty(0, dtype=torch.long, device=device)
         self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
         self.first_eos: int | None = None  # canvas index of the first committed EOS
         self.stop_length: int | None = None  # set by a stopping criterion: the answer ends after this many tokens
@@ -264,6 +267,7 @@ class SequenceDecoder:
         self.num_slots = length // k
         self.block = 0
         self.pool: list[int] = self._block_slots(0)  # undecoded slots of the current block, in order
+        self._reserve(self.pool)
         self.context = prompt  # tokens to cache with the next forward (the prompt, once)
         self.stage = Stage.PLAN
         self.step = -1  # planning iteration
@@ -279,6 +283,17 @@ class SequenceDecoder:
     def _block_slots(self, block: int) -> list[int]:
         start = block * self.slots_per_block
         return list(range(start, min(start + self.slots_per_block, self.num_slots)))
+
+    def _reserve(self, slots: list[int]) -> None:
+        """Grow the canvas, its commit steps and written flags to hold `slots` (a block's, when it is entered):
+        doubling, at most to the canvas length, so a long answer costs amortised O(1) copies per position."""
+        have, need = len(self.written), (max(slots) + 1) * self.settings.slot_size
+        if need <= have:
+            return
+        extra = min(self.settings.canvas_length, max(need, 2 * have)) - have
+        self.canvas = torch.cat([self.canvas, self.canvas.new_full((extra,), self.settings.mask_token_id)])
+        self.commit_step = torch.cat([self.commit_step, self.commit_step.new_full((extra,), -1)])
+        self.written += bytes(extra)
 
     def _slot_positions(self, slots: list[int]) -> torch.LongTensor:
         """[n*k] original positions of the slots' tokens."""
@@ -319,7 +334,8 @@ class SequenceDecoder:
         return min(self._prefix, self.answer_length)
 
     def draft_view(self) -> torch.LongTensor:
-        """The canvas with the current drafts filled in (masks where there is none), for draft streaming."""
+        """The canvas allocated so far (at least through the current block) with the current drafts filled in (masks
+        where there is none), for draft streaming."""
         view = self.canvas.clone()
         k = self.settings.slot_size
         if self.stage is Stage.VERIFY and self.plan_drafts is not None:
@@ -658,6 +674,8 @@ class SequenceDecoder:
             self.block += 1
             if not self.pool:
                 self.stage = Stage.DONE
+            else:
+                self._reserve(self.pool)
         return kept
 
 
@@ -1090,7 +1108,7 @@ def decode_batch(
     answer_lengths = []
     for row, sequence in enumerate(sequences):
         n = sequence.answer_length
-        assert all(sequence.written[:n]), "ReFusion decoding left a hole before the end of the answer"
+        assert sequence.finished_prefix == n, "ReFusion decoding left a hole before the end of the answer"
         tokens[row, :n] = sequence.canvas[:n]
         commit_step[row, :n] = sequence.commit_step[:n]
         answer_lengths.append(n)

@@ -1,3 +1,4 @@
+# Generated from refusion_hf.generation.refusion_generate by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`refusion_generate(model, ...)`: `generate()` with ReFusion decoding, for any Qwen3-shaped causal LM.
 
 It is `RefusionForCausalLM.generate` and, exported as `custom_generate/generate.py`, what a stock
@@ -29,6 +30,7 @@ from .draft_policy import DraftPolicy
 from .refusion_decoder import DecodingSettings, PrefixStopping, SequenceDecoder, decode_batch
 from .refusion_generation_config import (
     DEFAULT_BLOCK_SIZE,
+    NEVER_ID,
     REFUSION_FIELDS,
     RefusionGenerationConfig,
     RefusionGenerationOutput,
@@ -136,6 +138,11 @@ def refusion_generate(
     if custom_generate is not None:  # another decoding method, loaded by transformers
         return GenerationMixin.generate(model, inputs, custom_generate=custom_generate, **stock_arguments, **kwargs)
     kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
+    check_generation_config(generation_config)
+    if getattr(generation_config, "is_assistant", False):
+        # Stock assisted decoding asks this model for drafts, with the config it prepared: stock scores an
+        # assistant's drafts token by token, so they are drafted left to right, by stock generate.
+        return GenerationMixin.generate(model, inputs, **stock_arguments, **kwargs)
     has_default_max_length, has_default_min_length = (
         kwargs.get(name) is None
         and (generation_config is None or getattr(generation_config, name) is None)
@@ -146,10 +153,12 @@ def refusion_generate(
     input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
     attention_mask = model_kwargs.pop("attention_mask", None)
     vocab_size = model.get_input_embeddings().num_embeddings
-    check_token_ids(input_ids, attention_mask, config, vocab_size)
-
     if config.decoding == "autoregressive":
-        # ReFusion knobs mean nothing to left-to-right decoding; the prompt goes in positionally.
+        # Stock generate, after the argument checks that turn its TypeErrors and IndexErrors into ValueErrors, but
+        # none of ReFusion's own requirements (input_ids, a mask token, an EOS, special ids >= 0, left padding).
+        if input_ids is not None or "inputs_embeds" not in model_kwargs:
+            check_token_ids(input_ids, attention_mask, config, vocab_size)
+        # ReFusion knobs mean nothing to left-to-right decoding and are dropped; the prompt goes in positionally.
         dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
         stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
         if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
@@ -160,6 +169,7 @@ def refusion_generate(
             stock_kwargs["attention_mask"] = attention_mask
         return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
 
+    check_token_ids(input_ids, attention_mask, config, vocab_size)
     tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
     refuse_unsupported(config, model_kwargs, stock_arguments)
     if isinstance(stopping_criteria, StoppingCriteria):
@@ -256,6 +266,7 @@ def refusion_generate_batch(
     `continuous_batching_config`, and stopping criteria (see `decode_batch`)."""
     from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
+    check_generation_config(generation_config)
     config, _ = merge_generation_config(model, generation_config, dict(kwargs))
     if config.decoding == "autoregressive":
         stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "preset")}
@@ -300,9 +311,16 @@ def refusion_generate_batch(
         rows = continuous_batching_config.max_requests_per_batch or rows
     if not isinstance(inputs, (list, tuple)) or not inputs:
         raise ValueError("`inputs` must be a non-empty list of prompts, each a list of token ids.")
-    prompts = [torch.as_tensor(list(prompt), dtype=torch.long) for prompt in inputs]
-    if any(p.ndim != 1 or p.numel() == 0 for p in prompts):
-        raise ValueError("every prompt of `inputs` must be a non-empty list of token ids.")
+    prompts = []
+    for index, prompt in enumerate(inputs):
+        try:
+            ids = torch.as_tensor(list(prompt))
+        except (TypeError, ValueError, RuntimeError):  # not a sequence, not numbers, or beyond int64
+            ids = None
+        if ids is None or ids.ndim != 1 or ids.numel() == 0:
+            raise ValueError("every prompt of `inputs` must be a non-empty list of token ids.")
+        check_integer_ids(f"inputs[{index}]", ids)  # as generate() checks `input_ids`
+        prompts.append(ids.long())
     pad = config.pad_token_id if config.pad_token_id is not None else eos_token_ids(config)[0]
     width = max(p.numel() for p in prompts)
     input_ids = torch.full((len(prompts), width), int(pad), dtype=torch.long)
@@ -425,14 +443,34 @@ def _sequence_bias_keys(sequence_bias) -> list:
     return [entry[0] for entry in sequence_bias]
 
 
+def check_generation_config(generation_config) -> None:
+    """`ValueError` unless `generation_config` is a `GenerationConfig` (or None), on both decoding paths (stock
+    generate fails on a dict with an `AttributeError`)."""
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ValueError(
+            f"`generation_config` must be a `GenerationConfig` (or None), got {type(generation_config).__name__}: "
+            "pass `RefusionGenerationConfig(**fields)` (or `GenerationConfig(**fields)`), or give the fields as "
+            "keyword arguments."
+        )
+
+
+def check_integer_ids(name: str, ids: torch.Tensor) -> None:
+    """`ValueError` unless the tensor `ids` holds integers (float, complex and bool tensors are not token ids)."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+
+
 def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig, vocab_size: int) -> None:
-    """`ValueError` for prompts and token ids that are not ids of this model (both decoding paths)."""
+    """`ValueError` for prompts and token ids that are not ids of this model. With `decoding="autoregressive"`
+    special ids may be negative, as stock generate allows (`eos_token_id=-1`: never stop)."""
     if input_ids is None:
-        raise ValueError("generate() needs `input_ids` (the prompts as token ids); `inputs_embeds` is not supported.")
+        raise ValueError(
+            "ReFusion decoding needs `input_ids` (the prompts as token ids: its decoder feeds prompts and canvases "
+            "as tokens); `inputs_embeds` alone works with `decoding='autoregressive'`."
+        )
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise ValueError("`input_ids` must be a 2-D tensor of token ids, shape (batch_size, prompt_length).")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+    check_integer_ids("input_ids", input_ids)
     if input_ids.shape[0] == 0:
         raise ValueError("`input_ids` is an empty batch: pass at least one prompt.")
     if input_ids.shape[1] == 0:
@@ -460,8 +498,9 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
         "suppress_tokens": config.suppress_tokens or [],
         "begin_suppress_tokens": config.begin_suppress_tokens or [],
     }
+    lowest = NEVER_ID if config.decoding == "autoregressive" else 0  # stock reads a negative id as "none"
     for name, ids in named.items():
-        outside = [i for i in ids if i is not None and not 0 <= i < vocab_size]
+        outside = [i for i in ids if i is not None and not lowest <= i < vocab_size]
         if outside:
             raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
 
@@ -486,6 +525,13 @@ def check_left_padding(input_ids, attention_mask, config: RefusionGenerationConf
         raise ValueError(
             "ReFusion decoding needs an EOS token: pass `eos_token_id=` or set `generation_config.eos_token_id`."
         )
+    for name, ids in (("eos_token_id", eos_token_ids(config)), ("pad_token_id", [config.pad_token_id])):
+        if config.mask_token_id in ids:
+            raise ValueError(
+                f"`{name}` equals the mask token id ({config.mask_token_id}): ReFusion decoding fills the answer's "
+                "masks with drafts, so the mask can be neither the end of an answer nor its padding. Pass the "
+                f"tokenizer's own `{name}` (or another `mask_token_id`)."
+            )
     if (input_ids[mask] == config.mask_token_id).any():
         raise ValueError(
             f"`input_ids` contains the mask token (id {config.mask_token_id}); prompts must not contain `<|mask|>`."
@@ -513,6 +559,13 @@ def decoding_settings(model, config: RefusionGenerationConfig, width: int, longe
     slot_size = config.slot_size
     canvas_length = -(-max_new_tokens // slot_size) * slot_size
     block_size = config.block_size if config.block_size is not None else -(-DEFAULT_BLOCK_SIZE // slot_size) * slot_size
+    if longest_prompt + canvas_length > torch.iinfo(torch.long).max:  # positions are int64 tensors
+        raise ValueError(
+            f"`max_new_tokens` ({max_new_tokens}) is beyond what torch can index: the longest prompt "
+            f"({longest_prompt} tokens) plus `max_new_tokens` rounded up to a multiple of `slot_size` ({slot_size}) "
+            "must be at most 2**63 - 1 positions. Pass a smaller `max_new_tokens`; memory and time follow the "
+            "answer, not `max_new_tokens`, so any bound the answers stay under costs the same."
+        )
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and longest_prompt + max_new_tokens > limit:
         warnings.warn(
@@ -562,7 +615,8 @@ def draft_policy(model, config, settings: DecodingSettings, input_ids, attention
         warpers = model._get_logits_processor(
             generation_config=warper_config, logits_processor=LogitsProcessorList(), **build
         )
-    min_new_tokens = max(0, (config.min_length or 0) - width)
+    # Offsets past the canvas never occur: the bound keeps the comparison inside int64 (2**63 would wrap).
+    min_new_tokens = min(max(0, (config.min_length or 0) - width), settings.canvas_length)
     return DraftPolicy(
         never_drafted=torch.tensor(sorted(never), dtype=torch.long, device=device),
         constraints=constraints or None,

@@ -1,3 +1,4 @@
+# Generated from refusion_hf.generation.refusion_generation_mixin by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`RefusionGenerationMixin.generate()`: ReFusion decoding behind Hugging Face's `generate()` contract.
 
 The whole call is `refusion_generate` (refusion_generate.py), shared with the `custom_generate/generate.py` that

@@ -1,3 +1,4 @@
+# Generated from refusion_hf.modeling.refusion_loss by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """ReFusion's hybrid training loss: autoregressive CE on clean slots + masked-diffusion CE on masked slots.
 
 The inputs are the fields `RefusionDataCollator` builds (docs/design.md §2):

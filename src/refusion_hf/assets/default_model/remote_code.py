@@ -1,3 +1,4 @@
+# Generated from refusion_hf.modeling.remote_code by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """Export of the package's modelling code as a flat, self-contained remote-code bundle.
 
 `transformers`' dynamic-module loader (what `trust_remote_code=True` runs) copies a model folder's `.py` files
@@ -87,6 +88,14 @@ def flatten_source(source: str) -> str:
     return _RELATIVE_FROM.sub(to_sibling, source)
 
 
+def generated_header(module) -> str:
+    """The first line of every exported file: which source it was generated from and how to regenerate it."""
+    return (
+        f"# Generated from {module.__name__} by refusion_hf.modeling.remote_code (save_pretrained writes it; "
+        "`make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.\n"
+    )
+
+
 def write_remote_code(save_directory: str | Path, *roots, entry_name: str | None = None) -> list[str]:
     """Write the flat bundle for `roots` into `save_directory`; returns the file names written. With
     `entry_name`, the module of the first root is written under that name."""
@@ -98,7 +107,7 @@ def write_remote_code(save_directory: str | Path, *roots, entry_name: str | None
     for flat_name, module in sorted(modules.items()):
         source = Path(inspect.getsourcefile(module)).read_text()
         name = entry_name if entry_name is not None and module is entry else flat_name
-        (save_directory / name).write_text(flatten_source(source))
+        (save_directory / name).write_text(generated_header(module) + flatten_source(source))
         written.append(name)
     return sorted(written)
 

@@ -1,3 +1,4 @@
+# Generated from refusion_hf.generation.refusion_generation_config by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`RefusionGenerationConfig` (the decoding knobs) and `RefusionGenerationOutput` (what `generate` returns).
 
 transformers' `GenerationConfig` does the rest: every stock field, `update`, saving and loading, its own
@@ -230,6 +231,9 @@ _BOOLEAN_FIELDS = (
 _TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "mask_token_id", "forced_bos_token_id", "forced_eos_token_id")
 _TOKEN_LIST_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
 MIN_SAMPLING_TEMPERATURE = 1e-4
+# Stock generate accepts negative special ids (transformers' own tests pass -1 for "never stop", "no padding"): the
+# lowest id `decoding="autoregressive"` accepts. ReFusion decoding needs real ids (>= 0).
+NEVER_ID = -1
 
 # Lower bounds that stock validation leaves unchecked (a negative count reaches a tensor op as a RuntimeError).
 _LOWER_BOUNDS = {
@@ -251,13 +255,16 @@ def _is_number(value) -> bool:
 
 
 def check_argument_types(config: GenerationConfig) -> None:
-    """`ValueError` naming the first field whose value has the wrong type (None always passes)."""
+    """`ValueError` naming the first field whose value has the wrong type (None always passes). Token ids are
+    integers >= 0; with `decoding="autoregressive"` special ids may be negative, as stock generate allows."""
 
     def fail(name, expected):
         raise ValueError(f"`{name}` must be {expected}, got {getattr(config, name)!r}.")
 
     def get(name):
         return getattr(config, name, None)
+
+    lowest = NEVER_ID if get("decoding") == "autoregressive" else 0
 
     for name in _INTEGER_FIELDS:
         if get(name) is not None and not _is_int(get(name)):
@@ -269,11 +276,12 @@ def check_argument_types(config: GenerationConfig) -> None:
         if get(name) is not None and not isinstance(get(name), bool):
             fail(name, "True or False")
     for name in _TOKEN_ID_FIELDS:
-        if get(name) is not None and not (_is_int(get(name)) and get(name) >= 0):
-            fail(name, "a token id (an integer >= 0)")
+        if get(name) is not None and not (_is_int(get(name)) and get(name) >= lowest):
+            fail(name, f"a token id (an integer >= {lowest})")
     eos = get("eos_token_id")
     if eos is not None and not (
-        (_is_int(eos) and eos >= 0) or (isinstance(eos, (list, tuple)) and all(_is_int(e) and e >= 0 for e in eos))
+        (_is_int(eos) and eos >= lowest)
+        or (isinstance(eos, (list, tuple)) and all(_is_int(e) and e >= lowest for e in eos))
     ):
         fail("eos_token_id", "a token id or a flat list of token ids")
     for name in _TOKEN_LIST_FIELDS:
