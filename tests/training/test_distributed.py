@@ -1,6 +1,7 @@
 """`refusion train` under `accelerate launch` with two processes on CPU (gloo): DDP, and FSDP2 through the shipped
 configs/accelerate/fsdp.yaml (full fine-tuning and LoRA; checkpoints in FSDP's own sharded format, resumed with
-`--resume-from-checkpoint last`; the final save a normal from_pretrained folder).
+`--resume-from-checkpoint last`; the final save a normal from_pretrained folder); and `RefusionSFTTrainer` (TRL)
+built by a script launched with the same FSDP config, compared the same way with one process.
 
 accelerate 1.x starts several CPU processes only through mpirun (`--cpu --num_processes 2` without a hostfile
 starts one), so the CPU launch is torchrun's (`--multi_gpu`, or the FSDP config) with the TrainingArguments flag
@@ -12,6 +13,7 @@ draws, and the sharded gradients were reduced as one process accumulates them.
 
 import json
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -54,16 +56,23 @@ def teardown_abort_after_training(result: subprocess.CompletedProcess, out) -> b
     return finished and "terminate called without an active exception" in result.stderr
 
 
-def launch_train(launcher: list[str], model, data, out, *train: str, cwd) -> subprocess.CompletedProcess:
-    """`accelerate launch <launcher> -m refusion_hf.cli train ...` with 2 processes; asserts that it succeeded."""
+def launch(launcher: list[str], program: list[str], out, *, cwd) -> subprocess.CompletedProcess:
+    """`accelerate launch <launcher> <program>` with 2 processes (`program`: a script and its arguments, or `-m`
+    and a module's), writing its run into `out`; asserts that it succeeded."""
     command = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), "-m", "refusion_hf.cli", *train_args(model, data, out, *train)]
+    command += ["--main_process_port", str(free_port()), *program]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=cwd)
     if result.returncode != 0 and teardown_abort_after_training(result, out):
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def launch_train(launcher: list[str], model, data, out, *train: str, cwd) -> subprocess.CompletedProcess:
+    """`accelerate launch <launcher> -m refusion_hf.cli train ...` with 2 processes; asserts that it succeeded."""
+    result = launch(launcher, ["-m", "refusion_hf.cli", *train_args(model, data, out, *train)], out, cwd=cwd)
     assert result.stdout.count("[refusion train]") == 1, "only the main process reports"
     assert "2 process(es)" in result.stdout
     return result
@@ -183,3 +192,66 @@ def test_fsdp_lora_trains_as_one_process(fixture_path, tmp_path):
     base = RefusionForCausalLM.from_pretrained(fixture_path, dtype=torch.float32)
     base_loss = refusion_loss_on(base, fixture_path, data)
     assert refusion_loss_on(PeftModel.from_pretrained(base, fsdp), fixture_path, data) < base_loss
+
+
+# RefusionSFTTrainer (TRL) as a user runs it: a script building the trainer, launched with the FSDP config; also run
+# in this process (one process, gradient accumulation 2) for the reference. The toy records as prompt/completion.
+SFT_SCRIPT = """
+import json
+import sys
+
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer
+from trl import SFTConfig
+
+from refusion_hf import RefusionForCausalLM, RefusionSFTTrainer
+
+
+def train(model_path, data, out, gradient_accumulation_steps):
+    records = [json.loads(line) for line in open(data)]
+    dataset = Dataset.from_list([{"prompt": r["query"], "completion": " " + r["response"]} for r in records])
+    args = SFTConfig(
+        output_dir=out, use_cpu=True, bf16=False, max_steps=4, per_device_train_batch_size=2,
+        gradient_accumulation_steps=gradient_accumulation_steps, learning_rate=3e-3, logging_steps=1, seed=0,
+        save_strategy="no", report_to="none", disable_tqdm=True,
+    )
+    trainer = RefusionSFTTrainer(
+        model=RefusionForCausalLM.from_pretrained(model_path, dtype=torch.float32), args=args,
+        train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(model_path),
+    )
+    metrics = trainer.train().metrics
+    trainer.save_model()
+    trainer.save_state()
+    if trainer.is_world_process_zero():
+        print(metrics, trainer.accelerator.distributed_type, trainer.accelerator.num_processes, "process(es)")
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    train(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+"""
+
+
+def test_trl_sft_trainer_under_fsdp_trains_as_one_process_and_saves_a_normal_folder(fixture_path, tmp_path):
+    data = write_toy_jsonl(tmp_path / "toy.jsonl", count=16, seed=2)
+    script = tmp_path / "sft_fsdp.py"
+    script.write_text(SFT_SCRIPT)
+    fsdp, one = tmp_path / "fsdp", tmp_path / "one"
+    result = launch(["--config_file", str(FSDP_CONFIG)], [str(script), str(fixture_path), str(data), str(fsdp), "1"],
+                    fsdp, cwd=tmp_path)  # fmt: skip
+    assert "DistributedType.FSDP 2 process(es)" in result.stdout, "FSDP2 on, over 2 processes"
+    runpy.run_path(str(script))["train"](str(fixture_path), str(data), str(one), 2)
+
+    state = json.loads((fsdp / "trainer_state.json").read_text())
+    assert state["epoch"] == 1.0 and state["global_step"] == 4, "each rank its own examples: 16 in 4 steps"
+    logs = training_logs(fsdp)
+    assert sorted(logs) == [1, 2, 3, 4]
+    assert_same_steps(logs, training_logs(one), range(1, 5))
+
+    # trainer.save_model(): one full state dict in a from_pretrained folder, the trained weights (not the base's)
+    trained = load_file(fsdp / "model.safetensors")
+    assert_close_weights(trained, load_file(one / "model.safetensors"))
+    model = RefusionForCausalLM.from_pretrained(fsdp, dtype=torch.float32)
+    base = RefusionForCausalLM.from_pretrained(fixture_path, dtype=torch.float32)
+    assert refusion_loss_on(model, fixture_path, data) < refusion_loss_on(base, fixture_path, data)
