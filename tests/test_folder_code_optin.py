@@ -20,13 +20,7 @@ from tests.training.toy import write_toy_jsonl
 UNREGISTERED = "marker_model_type"  # a model_type transformers does not know: it would look for the auto_map's code
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """A tiny model: one thread avoids the thread hand-off stalls of a busy 2-core machine (tests/evaluation)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
 @pytest.fixture

@@ -25,13 +25,7 @@ KNOBS = dict(max_new_tokens=16, slot_size=4, block_size=8, slot_threshold=0.6, t
 PROMPTS = ["t8 t9 t10 t11", "t30 t31", "t50 t12 t13 t40 t41"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """A tiny model: one thread avoids the thread hand-off stalls of a busy 2-core machine (tests/evaluation)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

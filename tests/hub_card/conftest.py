@@ -106,15 +106,9 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from intra-op threads, and on a shared 2-core machine they make runs stall."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread(one_torch_thread):
+    """Every card and publish test runs a tiny model: one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
