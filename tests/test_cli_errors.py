@@ -114,20 +114,28 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_user_errors_are_one_line_with_status_2(bad, name, capsys, monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    out = tmp_path / "out"
-    argv = CASES[name](bad, str(out))
+PROGRESS = re.compile(r"\d+%\||it/s\]|s/it\]|examples/s\]|SHOULD ONLY BE USED FOR TESTING")  # bars, lm-eval's --limit
+
+
+def _one_line_error(argv, capsys) -> str:
     try:
         code = main(argv)
     except SystemExit as exit:  # argparse
         code = exit.code
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("Loading", "note:"))]
-    assert code == 2, (name, err)
-    assert "Traceback" not in err
-    assert len(lines) == 1 and lines[0].startswith(f"refusion {argv[0]}: error: "), lines
+    lines = [line for line in lines if not PROGRESS.search(line)]
+    assert code == 2 and "Traceback" not in err, err
+    prefix = f"refusion {argv[0]}: error: "
+    assert len(lines) == 1 and lines[0].startswith(prefix), lines
+    return lines[0][len(prefix) :]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_user_errors_are_one_line_with_status_2(bad, name, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out"
+    _one_line_error(CASES[name](bad, str(out)), capsys)
     assert not (out / "model.safetensors").exists(), "nothing half-written"
 
 
@@ -195,21 +203,6 @@ CONFIG_CASES = [(name, "generate") for name in CONFIG_PATCHES] + [
 ]
 
 
-PROGRESS = re.compile(r"\d+%\||it/s\]|s/it\]|examples/s\]|SHOULD ONLY BE USED FOR TESTING")  # bars, lm-eval's --limit
-
-
-def _one_line_error(argv, capsys) -> str:
-    try:
-        code = main(argv)
-    except SystemExit as exit:  # argparse
-        code = exit.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("Loading", "note:"))]
-    lines = [line for line in lines if not PROGRESS.search(line)]
-    assert code == 2 and "Traceback" not in err, err
-    prefix = f"refusion {argv[0]}: error: "
-    assert len(lines) == 1 and lines[0].startswith(prefix), lines
-    return lines[0][len(prefix) :]
 
 
 @pytest.mark.parametrize("name", list(NAMED_CASES))
