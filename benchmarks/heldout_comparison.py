@@ -28,6 +28,7 @@ from refusion_hf.cli import main as refusion_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # benchmarks/README.md's table; never used in training or tuning
+TUNING_SEEDS = (7, 100)  # decoding choices (defaults, variants, thresholds) are made on these only
 POINTS, RATIO = 3.0, 2.0  # the targets
 
 
@@ -40,6 +41,30 @@ def evaluate(arguments: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
+def eval_flags(limit: int, num_threads: int) -> list[str]:
+    """The `refusion eval` flags every run of these comparisons shares."""
+    return ["--suite", "synthetic", "--limit", str(limit), "--num-threads", str(num_threads)]
+
+
+def side_by_side(model: str, baseline_model: str, seed: int, flags: list[str]) -> tuple[dict, dict]:
+    """ReFusion decoding of `model` beside autoregressive decoding of `baseline_model` on `seed`'s problems, in one
+    `refusion eval` run (`flags`: its other flags). Returns the comparison row and the full eval results."""
+    both = evaluate(["--model", model, "--baseline-model", baseline_model, "--seed", str(seed), *flags])
+    refusion, baseline = both["refusion"], both["autoregressive"]
+    row = {
+        "seed": seed,
+        "refusion_accuracy": refusion["accuracy"],
+        "baseline_accuracy": baseline["accuracy"],
+        "points_behind": round(100 * (baseline["accuracy"] - refusion["accuracy"]), 2),
+        "refusion_tokens_per_second": refusion["tokens_per_second"],
+        "baseline_tokens_per_second": baseline["tokens_per_second"],
+        "speedup": both["speedup"],
+        "refusion_tokens_per_forward": refusion["tokens_per_forward"],
+        "refusion_decoding": both["settings"]["refusion_decoding"],
+    }
+    return row, both
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the ReFusion model")
@@ -49,27 +74,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=60)
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "heldout_comparison.json"))
-    args, eval_flags = parser.parse_known_args()
-    eval_flags = [flag for flag in eval_flags if flag != "--"]
-    common = ["--suite", "synthetic", "--limit", str(args.limit), "--num-threads", str(args.num_threads)]
+    args, decoding_flags = parser.parse_known_args()
+    decoding_flags = [flag for flag in decoding_flags if flag != "--"]
+    common = eval_flags(args.limit, args.num_threads)
     seeds = [int(seed) for seed in args.seeds.split(",")]
     rows = []
     for seed in seeds:
-        both = evaluate(
-            ["--model", args.model, "--baseline-model", args.baseline_model, "--seed", str(seed), *common, *eval_flags]
-        )
-        refusion, baseline = both["refusion"], both["autoregressive"]
-        row = {
-            "seed": seed,
-            "refusion_accuracy": refusion["accuracy"],
-            "baseline_accuracy": baseline["accuracy"],
-            "points_behind": round(100 * (baseline["accuracy"] - refusion["accuracy"]), 2),
-            "refusion_tokens_per_second": refusion["tokens_per_second"],
-            "baseline_tokens_per_second": baseline["tokens_per_second"],
-            "speedup": both["speedup"],
-            "refusion_tokens_per_forward": refusion["tokens_per_forward"],
-            "refusion_decoding": both["settings"]["refusion_decoding"],
-        }
+        row, _ = side_by_side(args.model, args.baseline_model, seed, [*common, *decoding_flags])
         if args.previous_model:
             previous = evaluate(
                 ["--model", args.previous_model, "--decodings", "refusion", "--seed", str(seed), *common]

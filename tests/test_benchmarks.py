@@ -79,3 +79,86 @@ def test_heldout_comparison_runs_end_to_end_on_the_fixture(tmp_path):
     summary = results["summary"]
     assert summary["seeds_meeting_targets"] == sum(row["meets_targets"] for row in results["seeds"])
     assert summary["min_speedup"] == min(row["speedup"] for row in results["seeds"])
+
+
+def _import_benchmark(name: str):
+    """A module of benchmarks/ (they import each other as top-level modules)."""
+    import importlib
+
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+def test_remasking_runs_end_to_end_on_the_fixture(tmp_path):
+    """The remasking benchmark at a tiny size, revision off (what every checkout can run): each slot setting on
+    each seed, side by side with the baseline; the multi-slot flags reach the decoder; no threshold is recommended
+    when none was tried."""
+    fixture = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
+    out = tmp_path / "remasking.json"
+    command = [sys.executable, "remasking.py", "--model", str(fixture), "--baseline-model", str(fixture),
+               "--thresholds", "none", "--slot-settings", "installed,4x8", "--tuning-seeds", "1",
+               "--heldout-seeds", "2", "--limit", "2", "--num-threads", "1", "--out", str(out), "--",
+               "--max-new-tokens", "6", "--timing-repeats", "1"]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    runs = results["runs"]
+    assert [(r["group"], r["seed"], r["slots"]) for r in runs] == [
+        ("tuning", 1, "installed"), ("tuning", 1, "4x8"), ("held_out", 2, "installed"), ("held_out", 2, "4x8")
+    ]  # fmt: skip
+    for run in runs:
+        decoding = run["refusion_decoding"]
+        assert (decoding["slot_size"], decoding["block_size"]) == ((4, 8) if run["slots"] == "4x8" else (32, None))
+        assert run["remask_threshold"] is None and run["extra_forwards_per_answer"] == 0
+        assert run["revised_tokens"] in (None, 0) and run["answers"] == 2
+        assert run["speedup"] == pytest.approx(run["refusion_tokens_per_second"] / run["baseline_tokens_per_second"])
+    off = results["summary"]["held_out"]["4x8"]["off"]
+    assert off["seeds"] == [2] and off["gap_closed"] is None and off["min_speedup"] == runs[3]["speedup"]
+    assert results["recommended_remask_threshold"] is None and results["install"] is False
+
+
+def test_remasking_chooses_the_threshold_on_tuning_seeds_by_accuracy_at_twice_the_baseline_speed():
+    remasking = _import_benchmark("remasking")
+
+    def summary(accuracy, min_speedup, median_speedup=3.0):
+        return {"mean_accuracy": accuracy, "min_speedup": min_speedup, "median_speedup": median_speedup}
+
+    tuning = {None: summary(0.85, 3.6), 0.1: summary(0.90, 3.0), 0.2: summary(0.95, 1.9), 0.3: summary(0.90, 3.2, 3.3)}
+    assert remasking.recommend(tuning) == 0.3  # 0.2 is the most accurate but below 2x on a seed; 0.3 ties 0.1, faster
+    assert remasking.recommend({None: summary(0.90, 3.6), 0.1: summary(0.90, 3.0)}) is None  # not more accurate
+    assert remasking.recommend({0.1: summary(0.95, 3.0)}) is None  # nothing to compare with
+
+    def row(seed, accuracy, baseline=1.0):
+        return {"seed": seed, "refusion_accuracy": accuracy, "baseline_accuracy": baseline}
+
+    off = [row(3, 0.8), row(5, 0.9)]
+    assert remasking.gap_closed([row(3, 0.9), row(5, 0.95)], off) == pytest.approx(0.15 / 0.3)
+    assert remasking.gap_closed([row(3, 0.7), row(5, 0.9)], off) == pytest.approx(-0.1 / 0.3)
+    assert remasking.gap_closed([row(3, 1.0, 0.8)], [row(3, 0.8, 0.8)]) is None  # no gap to close
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--thresholds", "none", "--tuning-seeds", "7", "--heldout-seeds", "7,11"], "seeds [7] are both tuning"),
+        (["--thresholds", "none,1.5"], "a remask threshold lies in (0, 1], got 1.5"),
+        (["--slot-settings", "8x12"], "8x12: the block size must be a multiple of the slot size"),
+    ],
+)
+def test_remasking_refuses_a_bad_grid_before_running_anything(arguments, message, monkeypatch, capsys):
+    remasking = _import_benchmark("remasking")
+    monkeypatch.setattr(sys, "argv", ["remasking.py", *arguments])
+    with pytest.raises(SystemExit) as exit_info:
+        remasking.main()
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_remasking_refuses_thresholds_where_the_decoder_cannot_revise(monkeypatch, capsys):
+    remasking = _import_benchmark("remasking")
+    if remasking.revision_available():
+        pytest.skip("this checkout's decoder has the remask_threshold knob")
+    monkeypatch.setattr(sys, "argv", ["remasking.py", "--thresholds", "none,0.2"])
+    with pytest.raises(SystemExit) as exit_info:
+        remasking.main()
+    assert exit_info.value.code == 2 and "no remask_threshold knob yet" in capsys.readouterr().err
