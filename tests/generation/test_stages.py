@@ -216,6 +216,19 @@ def test_an_eos_accepted_in_infill_ends_the_answer_and_discards_the_slots_after_
     assert decoded.commit_step() == [0, 0, 1, 1, 0, 0]
 
 
+def test_after_an_eos_is_accepted_no_later_block_is_decoded(model64):
+    """The story above with planning ahead and a second block (offsets 10, 11). Once slot 2's EOS is accepted,
+    decoding ends with block 0: slot 1, before the EOS, is still planned and verified, but its verification, all
+    of whose drafts are sure, carries no plan of block 1. The infill verification before it did carry a plan (of
+    slots 1 and 4, the pool it assumed), which the EOS then discarded."""
+    belief = Belief(answer(20, 21, 22, 23, 24, EOS, length=12), guess={1: WRONG}, draft_p={2: UNSURE, 8: UNSURE})
+    decoded = run(model64, [belief], settings(max_new_tokens=12, block_size=10, plan_ahead=True))
+    assert decoded.stages == [[PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, PLAN, VERIFY, DONE]]
+    assert [call.masks for call in decoded.fed()] == [10, 0, 1, 4, 2, 0]
+    assert decoded.fed()[-1].tokens == [22, 23]
+    assert decoded.tokens() == [20, 21, 22, 23, 24, EOS]
+
+
 # -------------------------------------------------------------------------------------------------- plan ahead
 def test_planning_ahead_saves_the_next_plans_forward(model64):
     """Two blocks of two slots, the model sure of everything. Every draft of block 0 was drafted above the token
