@@ -44,16 +44,24 @@ def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
     assert results["continuous_batching"]["float32"]["2"]["same_answers"] == 3
 
 
-def test_decoder_ab_compares_against_a_commit_with_identical_tokens(tmp_path):
-    """The A/B of this checkout's decoder against a commit's (here HEAD's, the one commit a clone surely has)."""
-    out = tmp_path / "decoder_ab.json"
-    command = [sys.executable, "decoder_ab.py", "--baseline", "HEAD", "--prompts", "2", "--batch-sizes", "1,2",
-               "--repeats", "1", "--max-new-tokens", "16", "--out", str(out)]  # fmt: skip
+def test_generate_ab_compares_against_a_commit_in_fresh_processes(tmp_path):
+    """The A/B of this checkout's `generate()` against a commit's (here HEAD's, the one commit a clone surely has):
+    each side's worker imports its own package, tokens and forward passes agree, setup times are reported."""
+    out = tmp_path / "generate_ab.json"
+    command = [sys.executable, "generate_ab.py", "--baseline", "HEAD", "--rounds", "1", "--runs", "float32:1,2",
+               "--prompts", "2", "--repeats", "1", "--max-new-tokens", "8", "--out", str(out)]  # fmt: skip
     completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [row["batch_size"] for row in rows] == [1, 2]
-    assert all(row["baseline_over_current_wall_time"] > 0 for row in rows)
+    results = json.loads(out.read_text())
+    assert results["packages"]["current"] == str(BENCHMARKS.parent / "src" / "refusion_hf" / "__init__.py")
+    assert "/baseline/src/refusion_hf/" in results["packages"]["baseline"]
+    assert [(row["dtype"], row["batch_size"]) for row in results["rows"]] == [("float32", 1), ("float32", 2)]
+    for row in results["rows"]:
+        assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
+        assert row["current_over_baseline_wall_time"] > 0
+        for side in ("baseline", "current"):
+            setup = row["setup_ms_per_call_best_of_rounds"][side]
+            assert setup["before_first_forward"] > 0 and setup["after_last_forward"] > 0
 
 
 def test_heldout_comparison_runs_end_to_end_on_the_fixture(tmp_path):

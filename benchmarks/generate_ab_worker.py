@@ -1,0 +1,111 @@
+"""One side of `generate_ab.py`: times whole `model.generate()` calls of whichever `refusion_hf` this process
+imports (`PYTHONPATH` decides: the checkout's `src/` or a baseline commit's), and prints JSON to stdout.
+
+The embedded model (`default_model_path()` of the imported package) in `--dtype`, its decoding defaults, the
+synthetic test prompts through the chat template, left-padded into batches of each `--batch-sizes`. Per batch size:
+one warm-up pass over all batches, then `--repeats` passes, each batch timed by its fastest call. Forward hooks on
+the model time the per-call setup: from the call to the first forward's start (config merge, checks, processors,
+criteria, draft policy, prefill preparation) and from the last forward's end to the return (output building).
+Only the public API of the package is used (loading, synthetic tasks, `generate()`), so any commit of it runs.
+
+    PYTHONPATH=src python benchmarks/generate_ab_worker.py --dtype bfloat16 --batch-sizes 1,4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import refusion_hf
+from refusion_hf.evaluation.synthetic_tasks import generate_problems
+from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer, prompt_ids
+
+
+class CallClock:
+    """Forward pre- and post-hooks on the model: the start of the first forward and the end of the last one of a
+    call, and the number of forwards."""
+
+    def __init__(self, model):
+        self.first_start = self.last_end = None
+        self.forwards = 0
+        model.register_forward_pre_hook(self._pre)
+        model.register_forward_hook(self._post)
+
+    def reset(self) -> None:
+        self.first_start = self.last_end = None
+        self.forwards = 0
+
+    def _pre(self, module, args):
+        if self.first_start is None:
+            self.first_start = time.perf_counter()
+        self.forwards += 1
+
+    def _post(self, module, args, output):
+        self.last_end = time.perf_counter()
+
+
+def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+    return ids, mask
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=args.dtype)
+    problems = generate_problems("test", args.prompts, 0, families=["arithmetic", "listing"])
+    prompts = [prompt_ids(tokenizer, problem.prompt) for problem in problems]
+    pad = model.generation_config.pad_token_id or 0
+    clock = CallClock(model)
+    rows = []
+    for batch_size in [int(part) for part in args.batch_sizes.split(",")]:
+        batches = [left_pad(prompts[i : i + batch_size], pad) for i in range(0, len(prompts), batch_size)]
+        best = [float("inf")] * len(batches)
+        before, after, tokens, forwards = [], [], [], []
+        for run in range(1 + args.repeats):  # run 0 warms up
+            for index, (ids, mask) in enumerate(batches):
+                clock.reset()
+                start = time.perf_counter()
+                output = model.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens)
+                end = time.perf_counter()
+                if run == 0:
+                    tokens.append(output.tolist())
+                    forwards.append(clock.forwards)
+                    continue
+                if output.tolist() != tokens[index] or clock.forwards != forwards[index]:
+                    raise SystemExit(f"batch {index} at batch size {batch_size}: a repeat decoded differently")
+                best[index] = min(best[index], end - start)
+                before.append(clock.first_start - start)
+                after.append(end - clock.last_end)
+        rows.append(
+            {
+                "batch_size": batch_size,
+                "seconds": sum(best),
+                "setup_ms_per_call": {
+                    "before_first_forward": 1000 * statistics.median(before),
+                    "after_last_forward": 1000 * statistics.median(after),
+                },
+                "forward_passes": sum(forwards),
+                "tokens": tokens,
+            }
+        )
+    print(json.dumps({"package": refusion_hf.__file__, "dtype": args.dtype, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
