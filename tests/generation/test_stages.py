@@ -186,6 +186,8 @@ def test_a_rejected_draft_sends_the_slots_to_infill_until_each_is_complete(model
     plan, verify, draft1, verify1, draft2, verify2, plan_next, _ = decoded.fed()
     assert verify.tokens == [20, WRONG, 22, 23, 24, 25, 26, 27]
     assert (draft1.tokens, draft1.cached, draft1.pending) == ([20, MASK, MASK, MASK, 24, 25, 26, 27], 3, 0)
+    visible = draft1.query.visible  # slot 0's four query tokens, then slot 1's: neither sees the other
+    assert visible[:4, :4].equal(torch.ones(4, 4, dtype=torch.bool).tril()) and not visible[4:, :4].any()
     assert (verify1.tokens, verify1.cached, verify1.pending) == ([21, 22, 23], 3 + 5, 5)
     assert (draft2.tokens, draft2.offsets, draft2.cached, draft2.pending) == ([MASK, MASK], [2, 3], 9, 6)
     assert (verify2.tokens, verify2.cached, verify2.pending) == ([22, 23], 9, 6)
