@@ -64,23 +64,42 @@ def seed(text: str) -> int:
     return value
 
 
+def knob_argument_type(knob):
+    """An argparse type for a number-valued decoding knob (a `DecodingKnob`): its declared type and range, named in
+    argparse's one-line error otherwise ("expected an integer >= 1, got 0"). A multiple of another knob is checked
+    when the config is validated."""
+    range_text = knob.range_text()
+    expected = range_text or ("an integer" if knob.type is int else "a number")
+
+    def parse(text: str):
+        try:
+            value = knob.type(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value != value or (range_text is not None and not knob.in_range(value)):  # NaN, or out of range
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
+
+
 def add_decoding_arguments(parser, title: str | None = None) -> None:
-    """One flag per ReFusion decoding knob (`DECODING_KNOBS`), typed and explained by `RefusionGenerationConfig`'s
-    own field documentation: `--slot-size N`, `--token-threshold X`, `--plan-ahead / --no-plan-ahead`... Each
-    defaults to None: the model's generation config decides."""
-    from .generation.refusion_generation_config import DECODING_KNOBS, documented_fields
+    """One flag per tunable ReFusion decoding knob, typed, ranged and explained (its help's first sentence) by the
+    knob's declaration (`refusion_generation_config.KNOBS`): `--slot-size N`, `--token-threshold X`,
+    `--plan-ahead / --no-plan-ahead`... Each defaults to None: the model's generation config decides."""
+    from .generation.refusion_generation_config import declared_knobs
 
     group = parser.add_argument_group(title) if title else parser
-    docs = documented_fields()
-    argument_types = {"int": positive_int, "float": non_negative_float}  # every int knob counts, every float is >= 0
-    for name in DECODING_KNOBS:
-        doc = docs[name]
-        flag = f"--{name.replace('_', '-')}"
-        help_text = doc.text.split(". ")[0].rstrip(".") + " (default: the model's generation config)"
-        if doc.type == "bool":
+    for knob in declared_knobs(tunable=True):
+        flag = f"--{knob.name.replace('_', '-')}"
+        help_text = knob.help.split(". ")[0].rstrip(".") + " (default: the model's generation config)"
+        if knob.type is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif knob.choices is not None:
+            group.add_argument(flag, choices=knob.choices, default=None, help=help_text)
         else:
-            group.add_argument(flag, type=argument_types[doc.type], default=None, metavar=name.upper(), help=help_text)
+            argument_type = knob_argument_type(knob)
+            group.add_argument(flag, type=argument_type, default=None, metavar=knob.name.upper(), help=help_text)
 
 
 def require_extra(extra: str, *modules: str) -> None:

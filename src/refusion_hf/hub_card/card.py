@@ -17,12 +17,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from ..generation.refusion_generation_config import (
-    DECODING_KNOBS,
-    REFUSION_FIELDS,
-    RefusionGenerationConfig,
-    documented_fields,
-)
+from ..generation.refusion_generation_config import RefusionGenerationConfig, declared_knobs
 from ..modeling.loading import prompt_ids
 from .errors import CardInputError
 from .sources import EvalReport, TrainingSummary, eval_results_of, format_cell
@@ -128,23 +123,22 @@ def human_count(count: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------- decoding
-# The card's table explains ReFusion's fields with the generation config's own documentation (its docstring); the
-# two stock fields it lists get what is particular to ReFusion decoding.
+# The card's table explains ReFusion's fields with their declared help (`DecodingKnob.help`); the two stock fields
+# it lists get what is particular to ReFusion decoding.
 STOCK_FIELD_MEANINGS = {
     "temperature": "Read only with `do_sample=True` (stock semantics: drafts are then sampled after transformers' "
     "logits warpers; seed with `torch.manual_seed`); `do_sample=False` is greedy.",
     "max_new_tokens": "Answer length limit. The canvas is this rounded up to a multiple of `slot_size`; nothing past "
     "it is returned.",
 }
-TABLE_ORDER = ("decoding", *DECODING_KNOBS, "temperature", "max_new_tokens", "mask_token_id")
 
 
 def decoding_defaults(generation_config) -> dict[str, Any]:
     """What `generate()` uses with this generation config when the call sets nothing: its ReFusion fields (unset
     ones take the package defaults), `temperature`, and the answer length (the snippet's when it sets none)."""
     config = RefusionGenerationConfig.from_generation_config(generation_config)
-    values = {name: default if getattr(config, name) is None else getattr(config, name)
-              for name, default in REFUSION_FIELDS.items()}  # fmt: skip
+    values = {knob.name: knob.default if getattr(config, knob.name) is None else getattr(config, knob.name)
+              for knob in declared_knobs()}  # fmt: skip
     values.update(temperature=config.temperature, max_new_tokens=config.max_new_tokens or SNIPPET_MAX_NEW_TOKENS)
     return values
 
@@ -159,11 +153,13 @@ def fitting_max_new_tokens(defaults: dict[str, Any], prompt_length: int, max_pos
 
 
 def decoding_rows(defaults: dict[str, Any], max_positions: int | None) -> list[dict[str, str]]:
-    meanings = {**{name: doc.text for name, doc in documented_fields().items()}, **STOCK_FIELD_MEANINGS}
+    """The card's table of decoding defaults: every declared knob (in declaration order), then the stock fields of
+    `STOCK_FIELD_MEANINGS`."""
+    meanings = {**{knob.name: knob.help for knob in declared_knobs()}, **STOCK_FIELD_MEANINGS}
     rows = []
-    for name in TABLE_ORDER:
+    for name in meanings:
         value, meaning = defaults[name], meanings[name]
-        shown = f'"{value}"' if name == "decoding" else str(value) if value is None else format_cell(value)
+        shown = f'"{value}"' if isinstance(value, str) else str(value) if value is None else format_cell(value)
         if name == "max_new_tokens" and max_positions:
             meaning += f" Prompt plus canvas must fit in {max_positions} positions."
         rows.append({"name": name, "value": shown, "meaning": format_cell(meaning)})
