@@ -183,7 +183,7 @@ def test_a_rejected_draft_sends_the_slots_to_infill_until_each_is_complete(model
     assert decoded.stages == [
         [PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, INFILL_DRAFT, INFILL_VERIFY, PLAN, VERIFY, DONE]
     ]
-    plan, verify, draft1, verify1, draft2, verify2, plan_next, _ = decoded.fed()
+    _, verify, draft1, verify1, draft2, verify2, plan_next, _ = decoded.fed()
     assert verify.tokens == [20, WRONG, 22, 23, 24, 25, 26, 27]
     assert (draft1.tokens, draft1.cached, draft1.pending) == ([20, MASK, MASK, MASK, 24, 25, 26, 27], 3, 0)
     visible = draft1.query.visible  # slot 0's four query tokens, then slot 1's: neither sees the other
