@@ -28,11 +28,11 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList,
 from .draft_policy import DraftPolicy
 from .refusion_decoder import DecodingSettings, PrefixStopping, SequenceDecoder, decode_batch
 from .refusion_generation_config import (
-    DEFAULT_BLOCK_SIZE,
     NEVER_ID,
     REFUSION_FIELDS,
     RefusionGenerationConfig,
     RefusionGenerationOutput,
+    decoding_knob_values,
     preset_settings,
 )
 
@@ -554,10 +554,10 @@ def eos_token_ids(config: GenerationConfig) -> tuple[int, ...]:
 def decoding_settings(model, config: RefusionGenerationConfig, width: int, longest_prompt: int) -> DecodingSettings:
     """The decoder's settings from a merged, length-prepared config (`config.max_length` counts the padded
     prompt, as in stock generate)."""
+    knobs = decoding_knob_values(config)  # every knob the decoder reads, unset ones resolved
     max_new_tokens = config.max_length - width
-    slot_size = config.slot_size
+    slot_size = knobs["slot_size"]
     canvas_length = -(-max_new_tokens // slot_size) * slot_size
-    block_size = config.block_size if config.block_size is not None else -(-DEFAULT_BLOCK_SIZE // slot_size) * slot_size
     if longest_prompt + canvas_length > torch.iinfo(torch.long).max:  # positions are int64 tensors
         raise ValueError(
             f"`max_new_tokens` ({max_new_tokens}) is beyond what torch can index: the longest prompt "
@@ -574,16 +574,8 @@ def decoding_settings(model, config: RefusionGenerationConfig, width: int, longe
             UserWarning,
             stacklevel=3,
         )
-    return DecodingSettings(
-        max_new_tokens=max_new_tokens,
-        slot_size=slot_size,
-        block_size=min(block_size, canvas_length),  # a block larger than the canvas means one block
-        slot_threshold=float(config.slot_threshold),
-        token_threshold=float(config.token_threshold),
-        mask_token_id=int(config.mask_token_id),
-        eos_token_ids=eos_token_ids(config),
-        plan_ahead=config.plan_ahead,
-    )
+    knobs["block_size"] = min(knobs["block_size"], canvas_length)  # a block larger than the canvas means one block
+    return DecodingSettings(**knobs, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids(config))
 
 
 def draft_policy(model, config, settings: DecodingSettings, input_ids, attention_mask) -> DraftPolicy:
