@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import math
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -228,3 +229,11 @@ def test_a_new_knob_is_one_declaration(monkeypatch):
         "    remask_threshold (`float`, *optional*):\n"
         "        Re-mask a written token when its probability falls below this. Unset: never.\n"
     )
+
+
+def test_the_arguments_page_has_a_row_for_every_tunable_knob():
+    """docs/generate_arguments.md's knob table is written by hand: it must not miss a declared knob."""
+    page = (Path(__file__).parents[2] / "docs" / "generate_arguments.md").read_text()
+    table = page.split("## ReFusion's decoding knobs", 1)[1].split("\n## ", 1)[0]
+    missing = [knob.name for knob in KNOBS if knob.tunable and f"| `{knob.name}` |" not in table]
+    assert not missing, f"add a row for {missing} to docs/generate_arguments.md"
