@@ -37,7 +37,9 @@ def test_every_request_decodes_as_alone(model32, batch, rows, extra):
 def test_finished_rows_are_replaced_at_once(model64):
     """At most `max_rows` rows per forward; when one finishes the next request joins in the next forward, so the
     stream takes fewer forwards than decoding it in fixed batches of the same size."""
-    from refusion_hf.generation.refusion_decoder import DecodingSettings, decode_batch, forward_queries
+    from refusion_hf.generation.batch_scheduler import decode_batch
+    from refusion_hf.generation.ragged_kv_cache import forward_queries
+    from refusion_hf.generation.sequence_state import DecodingSettings
 
     torch.manual_seed(3)
     prompts = [torch.randint(4, 64, (int(n),)) for n in torch.randint(2, 12, (9,))]

@@ -7,15 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refusion_hf.generation.refusion_decoder import (
-    DecodingSettings,
-    SequenceDecoder,
-    Stage,
-    decode_batch,
-    forward_queries,
-    next_token_probs,
-    prefix_length,
-)
+from refusion_hf.generation import batch_scheduler
+from refusion_hf.generation.batch_scheduler import decode_batch
+from refusion_hf.generation.ragged_kv_cache import forward_queries
+from refusion_hf.generation.sequence_state import DecodingSettings, Stage
+from refusion_hf.generation.stage_interface import next_token_probs, prefix_length
 from tests.oracle import EOS, MASK, load_cases
 
 
@@ -64,15 +60,15 @@ def test_cache_holds_exactly_the_committed_and_pending_tokens(model64):
                 assert tags == []
         return forward_queries(model, kv, queries, pad_token_id)
 
-    real_decide = SequenceDecoder.decide
+    real_finish = batch_scheduler.finish_step
 
-    def decide(self, values):
-        kept = real_decide(self, values)
+    def finish_step(step, examination):
+        kept = real_finish(step, examination)
         seen["discarded"] += kept.discarded > 0
         return kept
 
     checked = 0
-    with patch.object(SequenceDecoder, "decide", decide):
+    with patch.object(batch_scheduler, "finish_step", finish_step):
         for case in load_cases():
             settings = DecodingSettings(
                 max_new_tokens=case["gen_length"],

@@ -9,7 +9,7 @@ forward passes: without it, the forward passes equal the reference's.
 import pytest
 import torch
 
-from refusion_hf.generation.refusion_decoder import SequenceDecoder
+from refusion_hf.generation import batch_scheduler, plan_and_verify
 from tests.oracle import MASK, expected, generate_kwargs, load_cases, mismatch
 
 CASES = load_cases()
@@ -54,8 +54,13 @@ def test_plans_that_cannot_hold_are_left_out_of_the_forward(model64, monkeypatch
     """A plan stays out of a verification forward only where it would be discarded whatever is accepted (a drafted
     EOS ends the answer first): letting every such plan ride along saves no forward pass, only feeds more tokens."""
     fed = []
-    query = SequenceDecoder.query
-    monkeypatch.setattr(SequenceDecoder, "query", lambda self: fed.append(q := query(self)) or q)
+    forward = batch_scheduler.forward_queries
+
+    def recording(model, kv, queries, pad_token_id):
+        fed.extend(queries)
+        return forward(model, kv, queries, pad_token_id)
+
+    monkeypatch.setattr(batch_scheduler, "forward_queries", recording)
 
     def run(case):
         fed.clear()
@@ -63,7 +68,7 @@ def test_plans_that_cannot_hold_are_left_out_of_the_forward(model64, monkeypatch
         return out, sum(q.num_scored for q in fed)
 
     results = [run(case) for case in CASES]
-    monkeypatch.setattr(SequenceDecoder, "_plan_cannot_hold", lambda self, slots: False)
+    monkeypatch.setattr(plan_and_verify, "plan_cannot_hold", lambda state, slots: False)
     saved = []
     for case, (out, tokens) in zip(CASES, results):
         forced, forced_tokens = run(case)

@@ -24,7 +24,7 @@ def test_save_writes_auto_map_and_flat_bundle(fixture_path, tmp_path):
         "AutoModelForCausalLM": "modeling_refusion.RefusionForCausalLM",
     }
     written = sorted(p.name for p in tmp_path.glob("*.py"))
-    assert {"configuration_refusion.py", "modeling_refusion.py", "refusion_decoder.py"} <= set(written)
+    assert {"configuration_refusion.py", "modeling_refusion.py", "batch_scheduler.py", "stages.py"} <= set(written)
     for path in [*tmp_path.glob("*.py"), *tmp_path.glob("custom_generate/*.py")]:
         first_line = path.read_text().splitlines()[0]
         assert first_line.startswith("# Generated from refusion_hf.") and "make embedded-bundle" in first_line, path

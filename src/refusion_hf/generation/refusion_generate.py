@@ -11,8 +11,8 @@ contract is stock `GenerationMixin.generate`'s, and transformers does the stock 
 * `decoding="autoregressive"` (or `custom_generate=`) hands the whole call to stock `GenerationMixin.generate`.
 
 Every stock argument is honoured by ReFusion decoding or refused with a `ValueError` that names it
-(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field). The algorithm is in `refusion_decoder.py`, the
-drafting under logits processors in `draft_policy.py`.
+(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field). The algorithm is in `batch_scheduler.py` and its
+stages, the drafting under logits processors in `draft_policy.py`.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -25,8 +25,9 @@ import warnings
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from .batch_scheduler import decode_batch
 from .draft_policy import DraftPolicy
-from .refusion_decoder import DecodingSettings, PrefixStopping, SequenceDecoder, decode_batch
+from .prefix_stopping import PrefixStopping
 from .refusion_generation_config import (
     NEVER_ID,
     REFUSION_FIELDS,
@@ -35,6 +36,7 @@ from .refusion_generation_config import (
     decoding_knob_values,
     preset_settings,
 )
+from .sequence_state import DecodingSettings, SequenceState
 
 HONOURED = "honoured"
 INERT = "inert"  # only read by decoding modes ReFusion refuses anyway (beam search, assisted decoding, ...)
@@ -631,7 +633,7 @@ class _StreamForwarder:
         self.sent = 0
         self.takes_drafts = callable(getattr(streamer, "put_draft", None))
 
-    def on_step(self, sequences: list[SequenceDecoder]) -> None:
+    def on_step(self, sequences: list[SequenceState]) -> None:
         sequence = sequences[0]
         ready = sequence.finished_prefix
         if ready > self.sent:
