@@ -17,17 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-# The decoder's names, in one place.
-from refusion_hf.generation.refusion_decoder import (
-    BatchDecodeResult,
-    DecodingSettings,
-    PrefixStopping,
-    Stage,
-    decode_batch,
-)
 from transformers import EosTokenCriteria, StoppingCriteriaList
 
+# The decoder's names, in one place.
+from refusion_hf.generation.batch_scheduler import BatchDecodeResult, decode_batch
+from refusion_hf.generation.prefix_stopping import PrefixStopping
+from refusion_hf.generation.sequence_state import DecodingSettings, Stage
 from tests.generation.scripted_logits import EOS, MASK, PAD, UNSURE, Belief, Call, ScriptedForward
 
 PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, DONE = (
