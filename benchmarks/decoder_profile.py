@@ -40,7 +40,7 @@ from results_file import write_results
 from refusion_hf import RefusionConfig, RefusionForCausalLM
 from refusion_hf.command_inputs import positive_int
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
-from refusion_hf.generation import refusion_decoder
+from refusion_hf.generation import batch_scheduler, ragged_kv_cache
 from refusion_hf.generation.refusion_generate import (
     answer_lengths,
     decoding_settings,
@@ -164,7 +164,7 @@ def query_shape_stats(
         totals["scored"] += sum(q.num_scored for q in queries)
         totals["rows"] += len(queries)
         totals["forwards"] += 1
-        return refusion_decoder.forward_queries(model_, kv, queries, pad_token_id)
+        return ragged_kv_cache.forward_queries(model_, kv, queries, pad_token_id)
 
     pad = model.generation_config.pad_token_id or 0
     groups = [prompts] if continuous else [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
@@ -174,7 +174,7 @@ def query_shape_stats(
         config.max_length = ids.shape[1] + config.max_new_tokens
         settings = decoding_settings(model, config, ids.shape[1], max(p.numel() for p in batch))
         rows = batch_size if continuous else None
-        result = refusion_decoder.decode_batch(model, batch, settings, pad, forward=forward, max_rows=rows)
+        result = batch_scheduler.decode_batch(model, batch, settings, pad, forward=forward, max_rows=rows)
         totals["committed"] += sum(result.answer_lengths)
     return {
         "padding_share": 1 - totals["real"] / totals["slots"],
