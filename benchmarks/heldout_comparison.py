@@ -24,8 +24,6 @@ from pathlib import Path
 
 from results_file import write_results
 
-from refusion_hf.cli import main as refusion_cli
-
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # benchmarks/README.md's table; never used in training or tuning
 TUNING_SEEDS = (7, 100)  # decoding choices (defaults, variants, thresholds) are made on these only
@@ -33,6 +31,8 @@ POINTS, RATIO = 3.0, 2.0  # the targets
 
 
 def evaluate(arguments: list[str]) -> dict:
+    from refusion_hf.cli import main as refusion_cli  # here: importing this module stays cheap (remasking.py's tests)
+
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "results.json"
         code = refusion_cli(["eval", *arguments, "--json", str(out)])

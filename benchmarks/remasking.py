@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from heldout_comparison import HELD_OUT_SEEDS, RATIO, ROOT, TUNING_SEEDS, eval_flags, side_by_side
 from results_file import write_results
 
-from refusion_hf.generation.refusion_generation_config import RefusionGenerationConfig
-
 INSTALLED = "installed"  # the slot setting of the model's generation config
 GOAL_GAP_CLOSED = 0.5  # the issue's goal: revision closes at least half of the gap to the AR baseline
 
@@ -54,6 +52,8 @@ class Setting:
 
 def revision_available() -> bool:
     """Whether this checkout's decoder has the `remask_threshold` knob."""
+    from refusion_hf.generation.refusion_generation_config import RefusionGenerationConfig
+
     return hasattr(RefusionGenerationConfig(), "remask_threshold")
 
 
