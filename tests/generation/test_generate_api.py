@@ -179,6 +179,27 @@ def test_hf_positional_signature_and_autoregressive_only_arguments(model64):
     assert out.shape == (1, 12)
 
 
+def test_refusion_generate_has_exactly_stock_generates_parameters():
+    """The function behind `generate()` and `custom_generate/generate.py` takes stock's parameters (names, kinds,
+    defaults), model first: no private hooks on the public signature."""
+    import inspect
+
+    from transformers import GenerationMixin
+
+    from refusion_hf.generation.refusion_generate import refusion_generate
+
+    ours = list(inspect.signature(refusion_generate).parameters.values())
+    stock = list(inspect.signature(GenerationMixin.generate).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[1:]] == [(p.name, p.kind, p.default) for p in stock[1:]]
+
+
+def test_a_plain_generation_config_passed_in_is_not_modified(model64):
+    config = GenerationConfig(max_new_tokens=12, eos_token_id=[2, 60])
+    before = config.to_dict()
+    assert model64.generate(PROMPT, generation_config=config, slot_size=4, max_new_tokens=6).shape[1] <= 14
+    assert config.to_dict() == before and config.eos_token_id == [2, 60]
+
+
 def test_sampling_is_reproducible_with_manual_seed(model64):
     knobs = dict(KNOBS, do_sample=True, max_new_tokens=32, token_threshold=0.0)
     torch.manual_seed(0)
