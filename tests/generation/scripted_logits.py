@@ -7,8 +7,9 @@ decides exactly what the decoder sees and asserts how it reacts. The decoder its
 examination, decisions, commits and ragged-cache bookkeeping); the model only lends its config, for the cache.
 
 What a scored query token predicts (docs/design.md §3): a mask predicts the token at its own position (a plan, a
-plan riding along a verification, or an infill re-draft); a written token predicts the token after it (a
-verification). Each prediction is a peaked distribution: probability p on one token, the rest spread evenly.
+plan riding along a verification, or an infill re-draft, or a revision's re-score of a slot's first token); a
+written token predicts the token after it (a verification, or a revision's re-score). Each prediction is a peaked
+distribution: probability p on one token, the rest spread evenly.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class ScriptedForward:
         self.active.remove(index)
 
     def __call__(self, model, kv, queries, pad_token_id) -> torch.Tensor:
-        if queries[0].num_context:  # prompts joining: prefilled in a forward of their own, in prompt order
+        if queries[0].num_context and int(queries[0].positions[0]) == 0:  # prompts joining: prefilled in a forward
+            # of their own, in prompt order (a revision's re-fed context starts after the prompt)
             first = len(self.prompt_lengths)
             rows = list(range(first, first + len(queries)))
             for index, query in zip(rows, queries):
@@ -118,8 +120,11 @@ class ScriptedForward:
     def _predict(self, belief: Belief, query, i: int, index: int) -> torch.Tensor:
         offset = int(query.positions[i]) - self.prompt_lengths[index]
         view = query.pending_view  # [q, 2]: the range of pending tags each query token sees (None: none)
+        hidden = query.hidden  # [q, 2]: positions a token must not see (a revision's re-score hides the slot)
         if int(query.tokens[i]) != MASK:
             said = belief.follow(offset + 1)
+        elif hidden is not None and int(hidden[i, 1] - hidden[i, 0]) > 0:
+            said = belief.redraft(offset)  # a revision's mask: the whole block in view, it knows the answer
         elif view is not None and int(view[i, 1] - view[i, 0]) <= self.slot_size:
             said = belief.redraft(offset)  # an infill mask: it sees its own slot's pending entries only
         else:

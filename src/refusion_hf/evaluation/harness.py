@@ -98,6 +98,9 @@ def throughput(records: list[GenerateRecord]) -> dict:
         "tokens_per_forward": tokens / row_passes if row_passes else 0.0,
         "mean_tokens_per_forward": statistics.fmean(ratios) if ratios else 0.0,
         "num_forward_passes": sum(r.forward_passes for r in records),
+        "num_revised_tokens": None
+        if any(r.revised_tokens is None for r in records)
+        else sum(r.revised_tokens for r in records),
         "num_tokens": tokens,
         "num_sequences": sum(len(r.answer_lengths) for r in records),
         "seconds": seconds,

@@ -65,6 +65,7 @@ class GenerateRecord:
     row_forward_passes: list[int] | None  # per row, the forward passes it took part in (None: not told apart)
     forward_passes: int  # model forward calls of the call (a batched forward counts once)
     seconds: float
+    revised_tokens: int | None = None  # positions remasked by revisions (`remask_threshold`); None: not reported
 
 
 @register_model("refusion")
@@ -281,15 +282,17 @@ class RefusionLM(HFLM):
             self, context, max_length, stop, **generation_kwargs, return_dict_in_generate=True
         )
         seconds = time.perf_counter() - start
+        revised = None
         if hasattr(output, "forward_passes_per_row"):  # ReFusion decoding
             lengths = output.answer_lengths.tolist()
             row_passes, passes = output.forward_passes_per_row.tolist(), int(output.num_forward_passes)
+            revised = int(output.revised_tokens.sum())
         else:  # decoding="autoregressive": one forward per generated position of the batch, rows until their end
             lengths = answer_lengths(
                 output.sequences[:, context.shape[1] :], set(eos_token_ids(self.model.generation_config))
             )
             row_passes, passes = [max(n, 1) for n in lengths], output.sequences.shape[1] - context.shape[1]
-        return GenerateRecord(output.sequences, lengths, row_passes, passes, max(seconds, 1e-9))
+        return GenerateRecord(output.sequences, lengths, row_passes, passes, max(seconds, 1e-9), revised)
 
     def decoding_report(self) -> dict:
         """Per task: requests, generated tokens, forward passes, tokens per forward, tokens/s; and the knobs. Under

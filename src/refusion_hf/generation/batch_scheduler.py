@@ -32,6 +32,7 @@ class BatchDecodeResult:
     forward_passes_per_row: list[int]
     num_forward_passes: int
     chosen_slots: list[list[list[int]]]
+    revised_tokens: list[int]  # per row, positions remasked by revisions (0 without `remask_threshold`)
 
 
 def decode_batch(
@@ -139,4 +140,5 @@ def decode_batch(
         forward_passes_per_row=[s.forward_passes for s in sequences],
         num_forward_passes=num_forward_passes,
         chosen_slots=[s.trace_chosen for s in sequences],
+        revised_tokens=[s.revised_tokens for s in sequences],
     )

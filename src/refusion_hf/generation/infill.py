@@ -23,7 +23,7 @@ import torch
 from .draft_policy import DraftPolicy
 from .plan_and_verify import with_lookahead
 from .sequence_state import Kept, Query, SequenceState, Stage
-from .stage_interface import ExaminedPart, StageQuery, StageUnit, causal, first_true, prefix_length
+from .stage_interface import ExaminedPart, StageQuery, StageUnit, after_context, causal, first_true, prefix_length
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
     visible = (slot_index[:, None] == slot_index[None, :]) & causal(q, state.device)  # block-diagonal causal
     view = torch.stack([slot_index * k, (slot_index + 1) * k], dim=1)  # [q, 2]: the slot's own tags
     feed = InfillFeed(segments, slot_index, offset_index, positions, scored_index)
-    return StageQuery(Query(tokens, positions, visible, pending_view=view), feed)
+    query = Query(tokens, positions, visible, pending_view=view)
+    return StageQuery(query if state.context is None else after_context(state, query), feed)
 
 
 # ------------------------------------------------------------------------------------------- INFILL_DRAFT
@@ -111,16 +112,19 @@ class InfillDraftStage(StageUnit):
         k, chosen = state.settings.slot_size, state.chosen
         if state.settings.plan_ahead:
             chosen.confident, chosen.ends = InfillDraftDecision.read(values)
-        # The verified tokens this query fed (before each slot's masks) stay in the cache, pending for their slot.
+        # The context (after a revision) is committed; the verified tokens this query fed (before each slot's
+        # masks) stay in the cache, pending for their slot.
+        context = fed.query.num_context
+        state.context = None
         runs = []
         for offset, _, i in fed.layout.segments:
             fed_tokens = chosen.verified[i] - chosen.cached[i]
             if fed_tokens:
-                runs.append((offset, fed_tokens, i * k + chosen.cached[i]))
+                runs.append((context + offset, fed_tokens, i * k + chosen.cached[i]))
             chosen.pending[i] += fed_tokens
             chosen.cached[i] = chosen.verified[i]
         state.stage = Stage.INFILL_VERIFY
-        return Kept(0, tuple(runs))
+        return Kept(context, tuple(runs))
 
 
 # ------------------------------------------------------------------------------------------ INFILL_VERIFY

@@ -44,7 +44,7 @@ def _with_context(state: SequenceState, tokens: torch.LongTensor, positions: tor
     context = state.context
     if context is not None:
         tokens = torch.cat([context, tokens])
-        positions = torch.cat([torch.arange(context.shape[0], device=state.device), positions])
+        positions = torch.cat([state.context_positions, positions])
     return Query(tokens, positions, causal(tokens.shape[0], state.device), num_context=state.num_context())
 
 

@@ -42,14 +42,20 @@ class RaggedKVCache:
         self.lengths = [0] * batch_size  # host: entries each row holds (committed and pending)
         self.pending = [0] * batch_size  # host: pending entries per row
 
-    def attention_mask(self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None) -> torch.Tensor:
-        """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)) -> additive float
-        mask [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
+    def attention_mask(
+        self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None, hidden=None
+    ) -> torch.Tensor:
+        """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)), hidden: [B, Q, 2]
+        original positions whose entries each query token must not see ([lo, hi)) -> additive float mask
+        [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
         batch_size, q = visible.shape[:2]
         cached = self.valid[:, None, :].expand(batch_size, q, -1)
         if self.tags is not None and views is not None:
             tags = self.tags[:, None, :]  # [B, 1, T]
             cached = cached | ((tags >= views[..., :1]) & (tags < views[..., 1:]))
+        if hidden is not None:
+            positions = self.positions[:, None, :]  # [B, 1, T]
+            cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
         allowed = torch.cat([cached, visible], dim=-1)
         mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
         return mask.masked_fill_(allowed, 0.0)[:, None]
@@ -80,6 +86,9 @@ class RaggedKVCache:
             self.pending[row] = 0 if kept.promote else self.pending[row] + added - kept.discarded
         if any(kept.pending for _, kept in spans) or self.tags is not None:
             self._update_pending(spans, old, width)
+        for row, (_, kept) in enumerate(spans):
+            if kept.invalidate_from is not None:
+                self.invalidate(row, kept.invalidate_from)
 
     def _update_pending(self, spans: list[tuple[int, Kept]], old: int, width: int) -> None:
         """Tag this forward's pending entries, then discard and promote (one batched op each)."""
@@ -194,13 +203,17 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     context_width = max(q.num_context for q in queries)
     scored_width = max(q.num_scored for q in queries)
     if all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
-        input_ids, positions, visible, views = _stack_queries(queries)  # nothing to pad (always so at batch 1)
+        pads = None  # nothing to pad (always so at batch 1)
+        input_ids, positions, visible = (torch.stack(field) for field in _fields(queries))
     else:
-        input_ids, positions, visible, views = _pad_queries(queries, context_width, scored_width, pad_token_id)
+        pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
+        input_ids, positions, visible = _pad_queries(queries, pads, pad_token_id)
+    views = _stack_ranges([q.pending_view for q in queries], pads, visible)  # which pending entries each sees
+    hidden = _stack_ranges([q.hidden for q in queries], pads, visible)  # which positions each must not see
     output = model(
         input_ids=input_ids,
         position_ids=positions,
-        attention_mask=kv.attention_mask(visible, model.dtype, views),
+        attention_mask=kv.attention_mask(visible, model.dtype, views, hidden),
         cache=kv.cache,
         use_cache=True,
         logits_to_keep=scored_width,
@@ -208,30 +221,29 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     return output.logits
 
 
-def _stack_queries(queries: list[Query]):
-    """Queries of one shape -> input_ids, positions [B, q], visible [B, q, q], views [B, q, 2] or None."""
-    views = None
-    if any(query.pending_view is not None for query in queries):
-        none = torch.zeros(queries[0].tokens.shape[0], 2, dtype=torch.long, device=queries[0].tokens.device)
-        views = torch.stack([none if q.pending_view is None else q.pending_view for q in queries])
-    fields = ([q.tokens for q in queries], [q.positions for q in queries], [q.visible for q in queries])
-    return (*(torch.stack(field) for field in fields), views)
+def _fields(queries: list[Query]):
+    return [q.tokens for q in queries], [q.positions for q in queries], [q.visible for q in queries]
 
 
-def _pad_queries(queries: list[Query], context_width: int, scored_width: int, pad_token_id: int):
-    """Queries of different shapes -> the same tensors as `_stack_queries`, each row's context left-padded to
-    `context_width` and its scored part right-padded to `scored_width` (one pad per row and tensor, one stack)."""
-    pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
-    input_ids = torch.stack([F.pad(q.tokens, pad, value=pad_token_id) for q, pad in zip(queries, pads)])
-    positions = torch.stack([F.pad(q.positions, pad) for q, pad in zip(queries, pads)])
-    visible = torch.stack([F.pad(q.visible, pad + pad) for q, pad in zip(queries, pads)])
+def _pad_queries(queries: list[Query], pads: list[tuple[int, int]], pad_token_id: int):
+    """Queries of different shapes -> input_ids, positions [B, width], visible [B, width, width], each row's context
+    left-padded and its scored part right-padded by `pads` (one pad per row and tensor, one stack)."""
+    tokens, positions, visible = _fields(queries)
+    input_ids = torch.stack([F.pad(t, pad, value=pad_token_id) for t, pad in zip(tokens, pads)])
+    positions = torch.stack([F.pad(p, pad) for p, pad in zip(positions, pads)])
+    visible = torch.stack([F.pad(v, pad + pad) for v, pad in zip(visible, pads)])
     # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
-    width = context_width + scored_width
+    width = visible.shape[1]
     visible |= torch.eye(width, dtype=torch.bool, device=visible.device)[None] & ~visible.any(-1, keepdim=True)
-    views = None  # [B, width, 2]: which pending infill entries each query token sees (default: none)
-    if any(query.pending_view is not None for query in queries):
-        none = torch.zeros(width, 2, dtype=torch.long, device=visible.device)
-        views = torch.stack(
-            [none if q.pending_view is None else F.pad(q.pending_view, (0, 0) + pad) for q, pad in zip(queries, pads)]
-        )
-    return input_ids, positions, visible, views
+    return input_ids, positions, visible
+
+
+def _stack_ranges(ranges: list, pads: list[tuple[int, int]] | None, visible: torch.BoolTensor):
+    """Per-token [lo, hi) ranges of the rows ([q, 2] each, None: the empty range [0, 0) for every token), padded like
+    the queries -> [B, width, 2]; None when no row has any."""
+    if all(r is None for r in ranges):
+        return None
+    none = torch.zeros(visible.shape[1], 2, dtype=torch.long, device=visible.device)
+    if pads is None:
+        return torch.stack([none if r is None else r for r in ranges])
+    return torch.stack([none if r is None else F.pad(r, (0, 0) + pad) for r, pad in zip(ranges, pads)])

@@ -173,6 +173,13 @@ KNOBS: tuple[DecodingKnob, ...] = (
         "(otherwise it is discarded). Same tokens (up to float rounding), fewer forward passes; `False` runs every "
         "plan as a forward of its own, as the authors' decoder does.",
     ),
+    DecodingKnob(
+        name="remask_threshold", type=float, default=None, low=0, low_open=True, high=1,
+        help="Sub-slot remasking (off when unset): when a block's slots are all written, re-score each with the rest "
+        "of the block in view and remask from its first token whose probability is below this to the end of its "
+        "slot, to be decoded again (each position at most twice). Tokens are final, streamed and seen by stopping "
+        "criteria once their block is closed.",
+    ),
 )  # fmt: skip
 
 
@@ -439,9 +446,11 @@ class RefusionGenerationOutput(ModelOutput):
     commit_step (`torch.LongTensor` of shape `(batch_size, answer_length)`):
         For each generated position, the decoding step (planning iteration, from 0) that committed it; -1 for
         positions after the end of the row's answer.
+    revised_tokens (`torch.LongTensor` of shape `(batch_size,)`):
+        Positions of each row remasked by revisions (`remask_threshold`) and decoded again; 0 when it is unset.
     chosen_slots (`list[list[list[int]]]`):
         For each row and each step, the start offsets (relative to the first generated position) of the slots
-        chosen by that step's plan.
+        chosen by that step's plan (or, with `remask_threshold`, remasked by that step's revision).
     """
 
     sequences: torch.LongTensor | None = None
@@ -451,3 +460,4 @@ class RefusionGenerationOutput(ModelOutput):
     forward_passes_per_row: torch.LongTensor | None = None
     commit_step: torch.LongTensor | None = None
     chosen_slots: list | None = None
+    revised_tokens: torch.LongTensor | None = None

@@ -18,6 +18,8 @@ import torch
 
 from .draft_policy import DraftPolicy
 
+MAX_REVISIONS = 2  # with `remask_threshold`: a position is remasked at most this many times, so decoding ends
+
 
 class Stage(enum.Enum):
     """Where a sequence is in its planning iteration; `stages.STAGES` maps each (but DONE) to its unit."""
@@ -26,6 +28,7 @@ class Stage(enum.Enum):
     VERIFY = "verify"  # one forward of the chosen drafts in position order: commit whole slots, else infill
     INFILL_DRAFT = "infill_draft"  # each unfinished chosen slot re-drafts its unverified tail
     INFILL_VERIFY = "infill_verify"  # each unfinished chosen slot verifies its drafts autoregressively
+    REVISE = "revise"  # with `remask_threshold`: re-score the block's written slots; remask low tails (revision.py)
     DONE = "done"
 
 
@@ -39,6 +42,7 @@ class DecodingSettings:
     mask_token_id: int
     eos_token_ids: tuple[int, ...]
     plan_ahead: bool = True  # run the next plan inside verification forwards (plan_and_verify.py)
+    remask_threshold: float | None = None  # revise written tokens below this probability (revision.py); None: off
 
     @property
     def canvas_length(self) -> int:  # L rounded up to a multiple of k
@@ -57,7 +61,9 @@ class Query:
     remaining ones. `visible[i, j]` says whether query token i may attend to query token j; every query token
     also sees all of the sequence's committed cache entries, and the pending infill entries whose tags lie in
     `[pending_view[i, 0], pending_view[i, 1])` (a pending entry's tag is chosen slot * k + index in the slot, so
-    a slot's range is its own entries; None: no token sees any).
+    a slot's range is its own entries; None: no token sees any). `hidden[i]` is a range of original positions
+    whose cache entries query token i must not see (a revision re-scores a slot without the slot itself; None: no
+    token hides any).
     """
 
     tokens: torch.LongTensor  # [q]
@@ -65,6 +71,7 @@ class Query:
     visible: torch.BoolTensor  # [q, q]
     num_context: int = 0
     pending_view: torch.LongTensor | None = None  # [q, 2]
+    hidden: torch.LongTensor | None = None  # [q, 2]
 
     @property
     def num_scored(self) -> int:
@@ -80,13 +87,15 @@ class Kept:
     `(query offset, length, first tag)` are kept as pending entries tagged `first tag`, `first tag + 1`, ...
     (infill prefixes; tag = chosen slot * k + index in the slot). Then the row's pending entries tagged
     `keep_below` or more are discarded (None: none is; `discarded` counts them) and, with `promote`, the rest
-    become committed (the infill is complete)."""
+    become committed (the infill is complete). Finally, with `invalidate_from`, every entry of the row holding
+    that original position or a later one leaves the cache (a revision took those tokens back)."""
 
     committed: int
     pending: tuple[tuple[int, int, int], ...] = ()
     keep_below: int | None = None
     promote: bool = False
     discarded: int = 0
+    invalidate_from: int | None = None
 
     @property
     def extent(self) -> int:
@@ -137,7 +146,12 @@ class SequenceState:
         # `max_new_tokens`: positions not allocated yet are masks, uncommitted.
         self.canvas = torch.empty(0, dtype=torch.long, device=device)
         self.written = bytearray()  # 1 where the canvas holds a committed token (host-side: no device sync)
-        self._prefix = 0  # committed positions 0 .. _prefix - 1 (only grows)
+        self._prefix = 0  # committed positions 0 .. _prefix - 1 (grows, except when a revision takes tokens back)
+        self.revisions = bytearray()  # per canvas position, how many times it was remasked (revision.py)
+        self.revised_tokens = 0  # positions remasked, in all
+        # Canvas positions before `closed` are final. Without revision every committed token is; with it, a token
+        # is final once its block is closed (revised, nothing more to revise): streamers and criteria lag a block.
+        self.closed = 0 if settings.remask_threshold is not None else None
         self.commit_step = torch.empty(0, dtype=torch.long, device=device)
         self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
         self.first_eos: int | None = None  # canvas index of the first committed EOS
@@ -149,6 +163,7 @@ class SequenceState:
         self.pool: list[int] = self.block_slots(0)  # undecoded slots of the current block, in order
         self.reserve(self.pool)
         self.context: torch.LongTensor | None = prompt  # tokens to cache with the next forward (the prompt, once)
+        self.context_positions = torch.arange(prompt.shape[0], device=device)  # their original positions
         self.stage = Stage.PLAN
         self.step = -1  # planning iteration
         self.forward_passes = 0
@@ -188,11 +203,18 @@ class SequenceState:
         return length if self.stop_length is None else min(length, self.stop_length)
 
     @property
-    def finished_prefix(self) -> int:
-        """Length of the left-to-right prefix of the answer that is final (committed, nothing missing)."""
+    def written_prefix(self) -> int:
+        """Length of the left-to-right prefix of the answer that is committed (nothing missing)."""
         while self._prefix < len(self.written) and self.written[self._prefix]:
             self._prefix += 1
         return min(self._prefix, self.answer_length)
+
+    @property
+    def finished_prefix(self) -> int:
+        """Length of the left-to-right prefix of the answer that is final: committed and, with revision, in a
+        closed block."""
+        prefix = self.written_prefix
+        return prefix if self.closed is None else min(prefix, self.closed)
 
     def next_block_slots(self) -> list[int]:
         """The slots of the block after the current one; none when decoding ends with the current block."""
@@ -206,8 +228,30 @@ class SequenceState:
         return [slot for slot in self.pool if slot not in chosen]
 
     def pool_after_commit(self) -> list[int]:
-        """The pool of the next plan if this iteration commits every chosen slot."""
-        return self.undecoded_after_commit() or self.next_block_slots()
+        """The pool of the next plan if this iteration commits every chosen slot (none when a revision comes
+        first: the block is re-scored before the next one is planned)."""
+        undecoded = self.undecoded_after_commit()
+        if undecoded or self.closed is not None:
+            return undecoded
+        return self.next_block_slots()
+
+    def revisable_slots(self) -> list[int]:
+        """The current block's slots a revision may re-score: written, wholly inside the answer and before its EOS
+        (the EOS and what it ended stay as decided), with a position revised fewer than `MAX_REVISIONS` times."""
+        k = self.settings.slot_size
+        slots = []
+        for slot in self.block_slots(self.block):
+            start, end = slot * k, (slot + 1) * k
+            if end > self.answer_length or (self.first_eos is not None and end > self.first_eos):
+                continue
+            if all(self.written[start:end]) and min(self.revisions[start:end]) < MAX_REVISIONS:
+                slots.append(slot)
+        return slots
+
+    def block_positions(self) -> tuple[int, int]:
+        """[start, end) canvas positions of the current block."""
+        start = self.block * self.settings.block_size
+        return start, min(start + self.settings.block_size, self.settings.canvas_length)
 
     def draft_view(self) -> torch.LongTensor:
         """The canvas allocated so far (at least through the current block) with the current drafts filled in (masks
@@ -233,6 +277,7 @@ class SequenceState:
         self.canvas = torch.cat([self.canvas, self.canvas.new_full((extra,), self.settings.mask_token_id)])
         self.commit_step = torch.cat([self.commit_step, self.commit_step.new_full((extra,), -1)])
         self.written += bytes(extra)
+        self.revisions += bytes(extra)
 
     def commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
         """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas; `eos_at` is
@@ -250,6 +295,22 @@ class SequenceState:
             first = positions[eos_at]
             self.first_eos = first if self.first_eos is None else min(self.first_eos, first)
 
+    def take_back(self, start: int, end: int) -> None:
+        """Remask canvas positions [start, end) (a revision): no longer written, decoded again."""
+        self.canvas[start:end] = self.settings.mask_token_id
+        self.commit_step[start:end] = -1
+        self.written[start:end] = bytes(end - start)
+        for position in range(start, end):
+            self.revisions[position] += 1
+        self.revised_tokens += end - start
+        self._prefix = min(self._prefix, start)
+
+    def put(self, position: int, token: int) -> None:
+        """Write one token (a revision's second opinion), committed in the current step."""
+        self.canvas[position] = token
+        self.commit_step[position] = self.step
+        self.written[position] = 1
+
     def drop_after(self, eos_slot: int) -> None:
         """An EOS was accepted in `eos_slot`: drop undecoded slots after it; stop after this block."""
         self.pool = [slot for slot in self.pool if slot < eos_slot]
@@ -264,9 +325,22 @@ class SequenceState:
             self.stage = Stage.DONE
 
     def finish_iteration(self, kept: Kept) -> Kept:
-        """The chosen slots are committed: plan next (in the next block when this one is decoded), or stop."""
+        """The chosen slots are committed: plan next (in the next block when this one is decoded, after its
+        revision if `remask_threshold` is set), or stop."""
         self.chosen = None
         self.plan_drafts = None
+        self.stage = Stage.PLAN
+        if self.pool and self.written_prefix < self.answer_length:
+            return kept  # more slots of this block to decode
+        if self.closed is not None and self.revisable_slots():
+            self.stage = Stage.REVISE
+            return kept
+        return self.close_block(kept)
+
+    def close_block(self, kept: Kept) -> Kept:
+        """The current block is decoded (and revised): its tokens are final; go on with the next block, or stop."""
+        if self.closed is not None:
+            self.closed = self.block_positions()[1]
         self.stage = Stage.PLAN
         if self.finished_prefix == self.answer_length:
             # Everything that will be returned is decoded; the rest of the canvas cannot change it.

@@ -112,6 +112,23 @@ def first_true(mask: torch.BoolTensor) -> torch.LongTensor:
     return torch.where(mask.any(-1), mask.long().argmax(-1), mask.shape[-1])
 
 
+def after_context(state: SequenceState, query: Query, sees_context: torch.BoolTensor | None = None) -> Query:
+    """`query` after the tokens still to be cached (a revised block's kept tokens, re-fed in position order after a
+    revision dropped the block's entries): causal among themselves; query token i sees context token j where
+    `sees_context[i, j]` ([q, c]; None: every one)."""
+    context, c, q = state.context, state.num_context(), query.tokens.shape[0]
+    visible = torch.zeros(c + q, c + q, dtype=torch.bool, device=state.device)
+    visible[:c, :c] = causal(c, state.device)
+    visible[c:, :c] = True if sees_context is None else sees_context
+    visible[c:, c:] = query.visible
+
+    def extend(ranges):  # context tokens: the empty range
+        return None if ranges is None else torch.cat([ranges.new_zeros(c, 2), ranges])
+
+    tokens, positions = torch.cat([context, query.tokens]), torch.cat([state.context_positions, query.positions])
+    return Query(tokens, positions, visible, c, extend(query.pending_view), extend(query.hidden))
+
+
 def constrained_scores(policy: DraftPolicy, logits: torch.Tensor, offsets) -> torch.Tensor:
     """logits [R, W, V] -> constrained scores [R * W, V]; `offsets()` gives the answer offset each logits row
     predicts (a host list; only called when a positional constraint needs it: off the hot path otherwise)."""

@@ -17,6 +17,7 @@ import torch
 
 from .infill import InfillDraftStage, InfillVerifyStage
 from .plan_and_verify import PlanStage, VerifyStage, examine_plans, plan_holds
+from .revision import ReviseStage
 from .sequence_state import Kept, SequenceState, Stage
 from .stage_interface import ExaminedPart, StageQuery, StageUnit
 
@@ -25,6 +26,7 @@ STAGES: dict[Stage, StageUnit] = {
     Stage.VERIFY: VerifyStage(),
     Stage.INFILL_DRAFT: InfillDraftStage(),
     Stage.INFILL_VERIFY: InfillVerifyStage(),
+    Stage.REVISE: ReviseStage(),
 }
 
 

@@ -1,0 +1,124 @@
+"""Sub-slot remasking (`remask_threshold`, revision.py): the REVISE stage under scripted logits, and the output
+contract, batch invariance and termination with revision on (hypothesis, float64 fixture)."""
+
+import dataclasses
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refusion_hf.generation.batch_scheduler import decode_batch
+from refusion_hf.generation.sequence_state import MAX_REVISIONS, DecodingSettings, Stage
+from tests.generation.scripted_logits import EOS, MASK, PAD, Belief, ScriptedForward
+from tests.generation.test_stages import PROMPT, WRONG, answer, run
+
+REVISING = DecodingSettings(
+    max_new_tokens=4, slot_size=2, block_size=4, slot_threshold=0.5, token_threshold=0.5, mask_token_id=MASK,
+    eos_token_ids=(EOS,), plan_ahead=False, remask_threshold=0.5,
+)  # fmt: skip
+OFF = dataclasses.replace(REVISING, remask_threshold=None)
+
+
+def test_a_planted_low_probability_token_is_revised(model64):
+    """The plan guesses WRONG for slot 1's first token (offset 2); a slot's first token is accepted on its plan
+    score, so verification commits [a0, a1, WRONG, a3] and, without revision, that is the answer. With revision,
+    the closed block is re-scored, each slot seeing the other but not itself: WRONG gets almost no probability and
+    the re-score prefers a2 there, so a2 replaces it (the second opinion, counted as verified) and the rest of the
+    slot (offset 3) is remasked, re-drafted and verified by infill, seeing slot 0 re-fed as context; the block's next
+    re-score finds nothing, and it closes."""
+    belief = Belief(answer(length=4), guess={2: WRONG})
+    plain = run(model64, [belief], OFF)
+    assert plain.tokens() == [20, 21, WRONG, 23]
+    revised = run(model64, [belief], REVISING)
+    assert revised.tokens() == [20, 21, 22, 23]
+    assert revised.result.revised_tokens == [2]
+    assert revised.stages == [[Stage.PLAN, Stage.VERIFY, Stage.REVISE, Stage.INFILL_DRAFT, Stage.INFILL_VERIFY,
+                               Stage.REVISE, Stage.DONE]]  # fmt: skip
+    plan, verify, rescore, draft, verify_tail, rescore_again = revised.fed()
+    # The re-score: per slot the run [MASK at its first position, its tokens but the last], hiding its own slot.
+    assert rescore.tokens == [MASK, 20, MASK, WRONG] and rescore.offsets == [0, 0, 2, 2]
+    hidden = rescore.query.hidden.tolist()
+    assert hidden == [[3, 5], [3, 5], [5, 7], [5, 7]]  # prompt of 3: slot 0 is positions 3-4, slot 1 is 5-6
+    # The revision dropped the block's entries: slot 0 is re-fed as context, slot 1's prefix (the second opinion)
+    # as its infill prefix, and its tail re-drafted.
+    assert draft.cached == len(PROMPT)
+    assert draft.query.num_context == 2 and draft.query.tokens.tolist() == [20, 21, 22, MASK]
+    assert (verify_tail.tokens, verify_tail.offsets) == ([23], [3])  # the prefix is pending: only the tail is fed
+    assert rescore_again.cached == len(PROMPT) + 4  # the whole block is back in the cache, once
+    assert revised.commit_step()[:2] == plain.commit_step()[:2]
+    assert revised.result.chosen_slots == [[[0, 2], [2]]]  # the revision's step names the slot it revised
+
+
+def test_nothing_is_revised_when_every_written_token_holds(model64):
+    """The model is sure of every token: the re-score finds nothing below the threshold, the block closes at once.
+    Same tokens and commit steps as without revision, one forward more (the re-score)."""
+    belief = Belief(answer(length=4))
+    plain, revised = run(model64, [belief], OFF), run(model64, [belief], REVISING)
+    assert revised.tokens() == plain.tokens() and revised.commit_step() == plain.commit_step()
+    assert revised.result.revised_tokens == [0]
+    assert revised.result.forward_passes_per_row == [plain.result.forward_passes_per_row[0] + 1]
+
+
+def test_the_slot_holding_the_eos_is_never_revised(model64):
+    """An EOS ends the answer as decided: a wrong guess in the slot holding the EOS stays (only slots wholly before
+    the first EOS are re-scored)."""
+    belief = Belief([20, 21, WRONG, EOS], guess={2: WRONG})
+    revised = run(model64, [belief], REVISING)
+    assert revised.tokens() == [20, 21, WRONG, EOS]
+    assert revised.result.revised_tokens == [0]
+
+
+def test_a_position_is_revised_at_most_max_revisions_times(model64):
+    """A model that never settles (the re-score always prefers a token other than the one written) still ends:
+    each position is remasked at most MAX_REVISIONS times."""
+
+    class Restless(ScriptedForward):
+        def _predict(self, belief, query, i, index):
+            if query.hidden is not None and int(query.tokens[i]) == MASK:  # a re-score's mask: something else
+                written = 30 + len(self.calls)
+                return self.peaked(written, 0.9)
+            return super()._predict(belief, query, i, index)
+
+    forward = Restless([Belief(answer(length=4))], model64.config.vocab_size, 2)
+    result = decode_batch(model64, [torch.tensor(PROMPT)], REVISING, PAD, forward=forward, on_finish=forward.finished)
+    assert 0 < result.revised_tokens[0] <= MAX_REVISIONS * REVISING.max_new_tokens
+    assert MASK not in result.tokens[0].tolist()
+
+
+# ------------------------------------------------------------------------------------ properties (real model)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompts=st.lists(st.lists(st.integers(4, 60), min_size=1, max_size=6), min_size=2, max_size=3),
+    threshold=st.sampled_from([0.3, 0.6, 0.95]),
+    shape=st.sampled_from([(2, 4), (2, 8), (4, 8)]),
+    max_new_tokens=st.integers(1, 12),
+)
+def test_revision_keeps_the_contract_and_a_batched_row_equals_the_row_alone(model64, prompts, threshold, shape,
+                                                                            max_new_tokens):  # fmt: skip
+    """With revision on: every row has at most max_new_tokens tokens, no mask token, pad after its EOS; decoding
+    ends within the bound (each forward either commits, re-scores or re-decodes; revisions per position bounded);
+    and a row decoded in a batch equals the row decoded alone (tokens, commit steps, forward passes, revisions)."""
+    slot_size, block_size = shape
+    decoding = DecodingSettings(
+        max_new_tokens=max_new_tokens, slot_size=slot_size, block_size=block_size, slot_threshold=0.5,
+        token_threshold=0.4, mask_token_id=MASK, eos_token_ids=(EOS,), remask_threshold=threshold,
+    )  # fmt: skip
+    rows = [torch.tensor(p) for p in prompts]
+    batched = decode_batch(model64, rows, decoding, PAD)
+    canvas = -(-max_new_tokens // slot_size) * slot_size
+    # Without revision a forward serves each row at most 2 * canvas times (plan/verify, infill rounds); each
+    # remasked position adds at most a re-score and two infill forwards.
+    bound = 2 * canvas + 2 + 3 * MAX_REVISIONS * canvas + decoding.num_blocks
+    for row, prompt in enumerate(rows):
+        tokens = batched.tokens[row].tolist()
+        n = batched.answer_lengths[row]
+        assert n <= max_new_tokens and MASK not in tokens[:n]
+        assert all(t == PAD for t in tokens[n:])
+        assert EOS not in tokens[: n - 1]
+        assert batched.revised_tokens[row] <= MAX_REVISIONS * canvas
+        assert batched.forward_passes_per_row[row] <= bound
+        alone = decode_batch(model64, [prompt], decoding, PAD)
+        assert alone.tokens[0, :n].tolist() == tokens[:n] and alone.answer_lengths[0] == n
+        assert alone.commit_step[0, :n].tolist() == batched.commit_step[row, :n].tolist()
+        assert alone.forward_passes_per_row[0] == batched.forward_passes_per_row[row]
+        assert alone.revised_tokens[0] == batched.revised_tokens[row]
