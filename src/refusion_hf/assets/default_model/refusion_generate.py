@@ -12,8 +12,8 @@ contract is stock `GenerationMixin.generate`'s, and transformers does the stock 
 * `decoding="autoregressive"` (or `custom_generate=`) hands the whole call to stock `GenerationMixin.generate`.
 
 Every stock argument is honoured by ReFusion decoding or refused with a `ValueError` that names it
-(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field). The algorithm is in `refusion_decoder.py`, the
-drafting under logits processors in `draft_policy.py`.
+(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field). The algorithm is in `batch_scheduler.py` and its
+stages, the drafting under logits processors in `draft_policy.py`.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -21,21 +21,24 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from .batch_scheduler import decode_batch
 from .draft_policy import DraftPolicy
-from .refusion_decoder import DecodingSettings, PrefixStopping, SequenceDecoder, decode_batch
+from .prefix_stopping import PrefixStopping
 from .refusion_generation_config import (
-    DEFAULT_BLOCK_SIZE,
     NEVER_ID,
     REFUSION_FIELDS,
     RefusionGenerationConfig,
     RefusionGenerationOutput,
+    decoding_knob_values,
     preset_settings,
 )
+from .sequence_state import DecodingSettings, SequenceState
 
 HONOURED = "honoured"
 INERT = "inert"  # only read by decoding modes ReFusion refuses anyway (beam search, assisted decoding, ...)
@@ -118,12 +121,9 @@ def refusion_generate(
     negative_prompt_ids: torch.Tensor | None = None,
     negative_prompt_attention_mask: torch.Tensor | None = None,
     custom_generate=None,
-    _max_rows: int | None = None,
-    _on_finish=None,
     **kwargs,
 ):
-    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments.
-    `_max_rows` / `_on_finish`: continuous batching, for `refusion_generate_batch` (`decode_batch`'s `max_rows`)."""
+    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments."""
     stock_arguments = dict(
         generation_config=generation_config,
         logits_processor=logits_processor,
@@ -135,14 +135,24 @@ def refusion_generate(
         negative_prompt_ids=negative_prompt_ids,
         negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
-    if custom_generate is not None:  # another decoding method, loaded by transformers
+    return _generate(model, inputs, stock_arguments, custom_generate, kwargs)
+
+
+def _generate(model, inputs, stock_arguments: dict, custom_generate, kwargs: dict, max_rows=None, on_finish=None):
+    """`refusion_generate` in numbered steps, as `GenerationMixin.generate`. `stock_arguments`: its named arguments
+    from `generation_config` to `negative_prompt_attention_mask`; `kwargs`: the rest. `max_rows` / `on_finish`:
+    continuous batching for `refusion_generate_batch` (`decode_batch`'s arguments of those names)."""
+    # 1. Another decoding method (`custom_generate=`, or drafts asked of this model by stock assisted decoding,
+    #    which scores them token by token, so they are drafted left to right): stock generate makes the whole call.
+    if custom_generate is not None:
         return GenerationMixin.generate(model, inputs, custom_generate=custom_generate, **stock_arguments, **kwargs)
     kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
+    generation_config = stock_arguments["generation_config"]
     check_generation_config(generation_config)
     if getattr(generation_config, "is_assistant", False):
-        # Stock assisted decoding asks this model for drafts, with the config it prepared: stock scores an
-        # assistant's drafts token by token, so they are drafted left to right, by stock generate.
         return GenerationMixin.generate(model, inputs, **stock_arguments, **kwargs)
+
+    # 2. The generation config, merged as stock generate merges it; `decoding="autoregressive"` is stock generate's.
     has_default_max_length, has_default_min_length = (
         kwargs.get(name) is None
         and (generation_config is None or getattr(generation_config, name) is None)
@@ -154,32 +164,19 @@ def refusion_generate(
     attention_mask = model_kwargs.pop("attention_mask", None)
     vocab_size = model.get_input_embeddings().num_embeddings
     if config.decoding == "autoregressive":
-        # Stock generate, after the argument checks that turn its TypeErrors and IndexErrors into ValueErrors, but
-        # none of ReFusion's own requirements (input_ids, a mask token, an EOS, special ids >= 0, left padding).
-        if input_ids is not None or "inputs_embeds" not in model_kwargs:
-            check_token_ids(input_ids, attention_mask, config, vocab_size)
-        # ReFusion knobs mean nothing to left-to-right decoding and are dropped; the prompt goes in positionally.
-        dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
-        stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
-        if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
-            stock_kwargs["max_new_tokens"] = preset_settings(kwargs["preset"])["max_new_tokens"]
-        if callers_length_wins(generation_config, stock_kwargs):
-            stock_kwargs["max_new_tokens"] = None  # as in ReFusion decoding (merge_generation_config)
-        if attention_mask is not None:
-            stock_kwargs["attention_mask"] = attention_mask
-        return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
+        return _autoregressive_generate(
+            model, input_ids, attention_mask, config, vocab_size, stock_arguments, kwargs, model_kwargs
+        )
 
+    # 3. Validate the inputs and refuse every argument ReFusion decoding cannot honour.
     check_token_ids(input_ids, attention_mask, config, vocab_size)
     tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
     refuse_unsupported(config, model_kwargs, stock_arguments)
-    if isinstance(stopping_criteria, StoppingCriteria):
-        stopping_criteria = StoppingCriteriaList([stopping_criteria])
+
+    # 4. Special tokens, the attention mask (inferred from padding when none is given) and lengths: stock preparation.
     device = model.device
     input_ids = input_ids.to(device)
     width = input_ids.shape[1]
-
-    # Special tokens, the attention mask (inferred from padding when none is given), lengths, processors and
-    # criteria: stock preparation.
     model._prepare_special_tokens(config, attention_mask is not None, device=device, batch_size=input_ids.shape[0])
     if attention_mask is None:
         attention_mask = model._prepare_attention_mask_for_generation(input_ids, config, {})
@@ -188,6 +185,8 @@ def refusion_generate(
         config, has_default_max_length, has_default_min_length, "input_ids", width, input_ids
     )
     model._validate_generated_length(config, width, has_default_max_length)
+
+    # 5. The decoder's settings, drafting under the logits processors, and the stopping criteria.
     prompt_lengths = attention_mask.sum(1).tolist()  # left padding: each row's prompt is its last n tokens
     settings = decoding_settings(model, config, width, max(prompt_lengths))
     pad_token_id = int(config._pad_token_tensor)
@@ -195,25 +194,16 @@ def refusion_generate(
     input_ids = input_ids.repeat_interleave(repeats, dim=0)
     attention_mask = attention_mask.repeat_interleave(repeats, dim=0)
     policy = draft_policy(model, config, settings, input_ids, attention_mask)
-    criteria_config = copy.copy(config)
-    criteria_config.max_length, criteria_config._eos_token_tensor = None, None  # the decoder ends rows itself
-    criteria = model._get_stopping_criteria(criteria_config, stopping_criteria or StoppingCriteriaList(), tokenizer)
-    stopping = PrefixStopping(criteria, input_ids, pad_token_id) if len(criteria) else None
-    if stopping is not None and _max_rows is not None:
+    stopping = prefix_stopping(model, config, stock_arguments["stopping_criteria"], tokenizer, input_ids, pad_token_id)
+    if stopping is not None and max_rows is not None:
         raise ValueError(
             "`generate_batch` cannot apply stopping criteria, `stop_strings` or `max_time` (they are called for the "
             "whole batch at once, and a continuous batch changes as requests come and go): cut the answers "
             "afterwards, or use `generate()`."
         )
 
-    if streamer is not None and input_ids.shape[0] > 1:
-        raise ValueError(
-            f"`streamer` follows one sequence, but there are {input_ids.shape[0]} rows (`input_ids` rows times "
-            "`num_return_sequences`): stream batch-1 calls."
-        )
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-    stream = _StreamForwarder(streamer) if streamer is not None else None
+    # 6. Decode each row's prompt (the last `prompt_length` tokens of its padded row), streaming batch-1 calls.
+    stream = _StreamForwarder.start(stock_arguments["streamer"], input_ids)
     row_lengths = [n for n in prompt_lengths for _ in range(repeats)]  # as input_ids.repeat_interleave
     prompts = [row[width - n :] for row, n in zip(input_ids, row_lengths)]
     result = decode_batch(
@@ -224,11 +214,50 @@ def refusion_generate(
         policy=policy,
         stopping=stopping,
         on_step=stream.on_step if stream is not None else None,
-        max_rows=_max_rows,
-        on_finish=_on_finish,
+        max_rows=max_rows,
+        on_finish=on_finish,
     )
     if stream is not None:
         stream.finish()
+
+    # 7. The output: the padded prompts and answers, or a `RefusionGenerationOutput` with the decoding's counts.
+    return generation_output(config, input_ids, result)
+
+
+def _autoregressive_generate(
+    model, input_ids, attention_mask, config, vocab_size, stock_arguments: dict, kwargs: dict, model_kwargs: dict
+):
+    """`decoding="autoregressive"`: stock generate, after the argument checks that turn its TypeErrors and
+    IndexErrors into ValueErrors, but none of ReFusion's own requirements (input_ids, a mask token, an EOS, special
+    ids >= 0, left padding). ReFusion knobs mean nothing to left-to-right decoding and are dropped; the prompt goes
+    in positionally."""
+    if input_ids is not None or "inputs_embeds" not in model_kwargs:
+        check_token_ids(input_ids, attention_mask, config, vocab_size)
+    dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
+    stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
+    if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
+        stock_kwargs["max_new_tokens"] = preset_settings(kwargs["preset"])["max_new_tokens"]
+    if callers_length_wins(stock_arguments["generation_config"], stock_kwargs):
+        stock_kwargs["max_new_tokens"] = None  # as in ReFusion decoding (merge_generation_config)
+    if attention_mask is not None:
+        stock_kwargs["attention_mask"] = attention_mask
+    return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
+
+
+def prefix_stopping(model, config, stopping_criteria, tokenizer, input_ids, pad_token_id) -> PrefixStopping | None:
+    """Stock stopping criteria (`_get_stopping_criteria`: the caller's, `stop_strings`, `max_time`) applied to each
+    row's final left-to-right prefix; None when there are none. Lengths and EOS are the decoder's own."""
+    if isinstance(stopping_criteria, StoppingCriteria):
+        stopping_criteria = StoppingCriteriaList([stopping_criteria])
+    criteria_config = copy.copy(config)
+    criteria_config.max_length, criteria_config._eos_token_tensor = None, None  # the decoder ends rows itself
+    criteria = model._get_stopping_criteria(criteria_config, stopping_criteria or StoppingCriteriaList(), tokenizer)
+    return PrefixStopping(criteria, input_ids, pad_token_id) if len(criteria) else None
+
+
+def generation_output(config, input_ids: torch.LongTensor, result) -> torch.LongTensor | RefusionGenerationOutput:
+    """What `generate()` returns for `decode_batch`'s `result`: prompts and answers as one tensor, or with
+    `return_dict_in_generate=True` a `RefusionGenerationOutput` with the forward-pass counts."""
     sequences = torch.cat([input_ids, result.tokens], dim=1)
     if not config.return_dict_in_generate:
         return sequences
@@ -242,6 +271,7 @@ def refusion_generate(
         forward_passes_per_row=passes,
         commit_step=result.commit_step,
         chosen_slots=result.chosen_slots,
+        revised_tokens=torch.tensor(result.revised_tokens, dtype=torch.long),
     )
 
 
@@ -332,15 +362,24 @@ def refusion_generate_batch(
         from tqdm.auto import tqdm
 
         progress = tqdm(total=len(prompts), desc=f"Solving {len(prompts)} requests", unit="request")
-    output = refusion_generate(
+    # `generate()` of the padded prompts with decode_batch's continuous-batching arguments: the keyword arguments
+    # bound to `refusion_generate`'s parameters exactly as a call of it would bind them.
+    call = inspect.signature(refusion_generate).bind(
+        model, input_ids, generation_config=generation_config, attention_mask=attention_mask,
+        return_dict_in_generate=True, **kwargs,
+    )  # fmt: skip
+    call.apply_defaults()
+    stock_arguments = dict(call.arguments)
+    names = ("model", "inputs", "custom_generate", "kwargs")
+    _, padded, custom_generate, extra = (stock_arguments.pop(name) for name in names)
+    output = _generate(
         model,
-        input_ids,
-        generation_config=generation_config,
-        attention_mask=attention_mask,
-        return_dict_in_generate=True,
-        _max_rows=rows,
-        _on_finish=(lambda index, sequence: progress.update(1)) if progress is not None else None,
-        **kwargs,
+        padded,
+        stock_arguments,
+        custom_generate,
+        extra,
+        max_rows=rows,
+        on_finish=(lambda index, sequence: progress.update(1)) if progress is not None else None,
     )
     if progress is not None:
         progress.close()
@@ -368,8 +407,12 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     preset = kwargs.pop("preset", None)
     if preset is not None:  # the preset's knobs stand in for keyword arguments; explicit ones win
         kwargs = {**preset_settings(preset), **kwargs}
-    base = RefusionGenerationConfig() if generation_config is None else generation_config
-    config = copy.deepcopy(RefusionGenerationConfig.from_generation_config(base))
+    if generation_config is None:
+        config = RefusionGenerationConfig()
+    else:  # the caller's config is never changed: a plain one is upcast into a new object, ours is copied
+        config = RefusionGenerationConfig.from_generation_config(generation_config)
+        if config is generation_config:
+            config = copy.deepcopy(config)
     if model.generation_config is not None:
         defaults = model.generation_config.to_dict()
         if callers_length_wins(config, kwargs):
@@ -393,7 +436,7 @@ def callers_length_wins(generation_config: GenerationConfig | None, kwargs: dict
     """Whether the caller gives `max_length` and no `max_new_tokens` (in the passed config or as keywords): that
     length then wins over the checkpoint's `max_new_tokens`, where stock generate would let a `max_new_tokens` of
     generation_config.json override it (lm-eval's `max_gen_toks` arrives as `max_length`)."""
-    passed = generation_config.to_dict() if generation_config is not None else {}
+    passed = {name: getattr(generation_config, name, None) for name in ("max_length", "max_new_tokens")}
     given = {**{k: v for k, v in passed.items() if v is not None}, **kwargs}
     return given.get("max_length") is not None and given.get("max_new_tokens") is None
 
@@ -484,10 +527,10 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
         if not ((attention_mask == 0) | (attention_mask == 1)).all():
             raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (prompt token).")
     real = input_ids if attention_mask is None else input_ids[attention_mask.bool()]
-    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+    low, high = torch.stack(torch.aminmax(real)).tolist() if real.numel() else (0, 0)  # one host read
+    if low < 0 or high >= vocab_size:
         raise ValueError(
-            f"`input_ids` holds ids outside the vocabulary (0 .. {vocab_size - 1}): min {int(real.min())}, "
-            f"max {int(real.max())}."
+            f"`input_ids` holds ids outside the vocabulary (0 .. {vocab_size - 1}): min {low}, max {high}."
         )
     eos = config.eos_token_id
     named = {
@@ -555,10 +598,10 @@ def eos_token_ids(config: GenerationConfig) -> tuple[int, ...]:
 def decoding_settings(model, config: RefusionGenerationConfig, width: int, longest_prompt: int) -> DecodingSettings:
     """The decoder's settings from a merged, length-prepared config (`config.max_length` counts the padded
     prompt, as in stock generate)."""
+    knobs = decoding_knob_values(config)  # every knob the decoder reads, unset ones resolved
     max_new_tokens = config.max_length - width
-    slot_size = config.slot_size
+    slot_size = knobs["slot_size"]
     canvas_length = -(-max_new_tokens // slot_size) * slot_size
-    block_size = config.block_size if config.block_size is not None else -(-DEFAULT_BLOCK_SIZE // slot_size) * slot_size
     if longest_prompt + canvas_length > torch.iinfo(torch.long).max:  # positions are int64 tensors
         raise ValueError(
             f"`max_new_tokens` ({max_new_tokens}) is beyond what torch can index: the longest prompt "
@@ -575,16 +618,8 @@ def decoding_settings(model, config: RefusionGenerationConfig, width: int, longe
             UserWarning,
             stacklevel=3,
         )
-    return DecodingSettings(
-        max_new_tokens=max_new_tokens,
-        slot_size=slot_size,
-        block_size=min(block_size, canvas_length),  # a block larger than the canvas means one block
-        slot_threshold=float(config.slot_threshold),
-        token_threshold=float(config.token_threshold),
-        mask_token_id=int(config.mask_token_id),
-        eos_token_ids=eos_token_ids(config),
-        plan_ahead=config.plan_ahead,
-    )
+    knobs["block_size"] = min(knobs["block_size"], canvas_length)  # a block larger than the canvas means one block
+    return DecodingSettings(**knobs, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids(config))
 
 
 def draft_policy(model, config, settings: DecodingSettings, input_ids, attention_mask) -> DraftPolicy:
@@ -640,7 +675,21 @@ class _StreamForwarder:
         self.sent = 0
         self.takes_drafts = callable(getattr(streamer, "put_draft", None))
 
-    def on_step(self, sequences: list[SequenceDecoder]) -> None:
+    @classmethod
+    def start(cls, streamer, input_ids: torch.LongTensor) -> _StreamForwarder | None:
+        """The forwarder for `streamer` (None without one), after sending it the prompt as stock generate does;
+        `ValueError` unless there is one row to follow."""
+        if streamer is None:
+            return None
+        if input_ids.shape[0] > 1:
+            raise ValueError(
+                f"`streamer` follows one sequence, but there are {input_ids.shape[0]} rows (`input_ids` rows times "
+                "`num_return_sequences`): stream batch-1 calls."
+            )
+        streamer.put(input_ids.cpu())
+        return cls(streamer)
+
+    def on_step(self, sequences: list[SequenceState]) -> None:
         sequence = sequences[0]
         ready = sequence.finished_prefix
         if ready > self.sent:

@@ -2,7 +2,7 @@
 """`RefusionGenerationMixin.generate()`: ReFusion decoding behind Hugging Face's `generate()` contract.
 
 The whole call is `refusion_generate` (refusion_generate.py), shared with the `custom_generate/generate.py` that
-gives stock Qwen3 models the same decoding; the algorithm lives in `refusion_decoder.py`.
+gives stock Qwen3 models the same decoding; the algorithm lives in `batch_scheduler.py` and its stages.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """

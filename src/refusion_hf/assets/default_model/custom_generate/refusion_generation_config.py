@@ -1,6 +1,14 @@
 # Generated from refusion_hf.generation.refusion_generation_config by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
 """`RefusionGenerationConfig` (the decoding knobs) and `RefusionGenerationOutput` (what `generate` returns).
 
+Each ReFusion knob is declared once, as a `DecodingKnob` in `KNOBS` (its type, default, value range and help, as
+TRL's configs declare theirs with `dataclasses.field(metadata={"help": ...})`). Everything else is derived from
+that declaration: the config's attributes (`__init__`), its defaults (`_get_default_generation_params`), the type
+and range checks (`check_argument_types`, `validate`), the knobs' section of the class docstring, the values the
+decoder takes (`decoding_knob_values`, for `DecodingSettings`), the commands' flags
+(`command_inputs.add_decoding_arguments`) and the model card's table (`hub_card.card`). Adding a knob is adding
+one `DecodingKnob`.
+
 transformers' `GenerationConfig` does the rest: every stock field, `update`, saving and loading, its own
 validation (which runs after the type checks added here) and its default values (`_get_default_generation_params`,
 extended here with ReFusion's).
@@ -10,34 +18,198 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
-import inspect
 import math
-import re
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
+# Tokens per serial block when `block_size` is unset: inside the 32-128 range the paper reports as robust
+# (appendix C.7), and fixed, so a step's cost does not grow with `max_new_tokens`.
+DEFAULT_BLOCK_SIZE = 128
+# Stock generate accepts negative special ids (transformers' own tests pass -1 for "never stop", "no padding"): the
+# lowest id `decoding="autoregressive"` accepts. ReFusion decoding needs real ids (>= 0).
+NEVER_ID = -1
+
+
+@dataclass(frozen=True)
+class DecodingKnob:
+    """The one declaration of a ReFusion generation-config field. Like a stock field it is None (unset) until the
+    call, the passed config, the model's generation config or `default` gives it a value.
+
+    `type` is the value's Python type (`int`, `float`, `bool` or `str`; an integer is a valid `float`). Values are
+    limited by `low` / `high` (inclusive; `low_open=True` excludes `low`), `choices`, `multiple_of` (the name of the
+    knob this one must be a positive multiple of) or `token_id` (an id >= 0, or >= `NEVER_ID` with
+    `decoding="autoregressive"`, as stock generate allows). `tunable` knobs are the ones a user tunes: the commands
+    take a flag for each, presets set them, reports record them. `in_settings` knobs are read by the decoder: each is
+    a field of `DecodingSettings`, filled by `decoding_knob_values`, where `resolve_unset(config)` (if given) gives
+    the value of an unset knob from the others."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple[str, ...] | None = None
+    multiple_of: str | None = None
+    token_id: bool = False
+    tunable: bool = True
+    in_settings: bool = True
+    resolve_unset: Callable[[GenerationConfig], Any] | None = None
+
+    def type_error(self, value, lowest_id: int = 0) -> str | None:
+        """What a value of the right type is, when `value` (not None) is not one: "an integer", "True or False"..."""
+        if self.token_id:
+            return None if _is_int(value) and value >= lowest_id else f"a token id (an integer >= {lowest_id})"
+        if self.choices is not None:
+            return None if isinstance(value, str) else f"one of {self.choices}"
+        if self.type is bool:
+            return None if isinstance(value, bool) else "True or False"
+        if self.type is int:
+            return None if _is_int(value) else "an integer"
+        if self.type is float:
+            if not _is_number(value):
+                return "a number"
+            return "a number, not NaN" if math.isnan(value) else None
+        return None if isinstance(value, str) else "a string"
+
+    def range_text(self) -> str | None:
+        """The allowed range in words ("an integer >= 1", "a number in (0, 1]"), None when any value is allowed."""
+        noun = "an integer" if self.type is int else "a number"
+        if self.low is not None and self.high is not None:
+            return f"{noun} in {'(' if self.low_open else '['}{self.low}, {self.high}]"
+        if self.low is not None:
+            return f"{noun} {'>' if self.low_open else '>='} {self.low}"
+        if self.high is not None:
+            return f"{noun} <= {self.high}"
+        return None
+
+    def in_range(self, value) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above and (self.high is None or value <= self.high)
+
+    def value_error(self, config: GenerationConfig) -> str | None:
+        """The `ValueError` message when the config's value (of the right type) is outside the knob's range."""
+        value = getattr(config, self.name, None)
+        if value is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"`{self.name}` must be one of {self.choices}, got {value!r}."
+        if self.multiple_of is not None:
+            other = getattr(config, self.multiple_of, None)
+            if value < 1 or value % (other or 1):
+                unset = "; leave it unset (None) for the default" if self.default is None else ""
+                requirement = f"a positive multiple of `{self.multiple_of}` ({other})"
+                return f"`{self.name}` must be {requirement}, got {value!r}{unset}."
+        if not self.in_range(value):
+            return f"`{self.name}` must be {self.range_text()}, got {value!r}."
+        return None
+
+    def doc_entry(self) -> str:
+        """The knob's entry in the class docstring, as transformers documents its fields."""
+        if self.default is None:
+            default = "*optional*"
+        elif isinstance(self.default, str):
+            default = f'defaults to `"{self.default}"`'
+        elif isinstance(self.default, bool):
+            default = f"defaults to `{self.default}`"
+        else:
+            default = f"defaults to {self.default}"
+        text = textwrap.fill(self.help, width=112, initial_indent=" " * 8, subsequent_indent=" " * 8)
+        return f"    {self.name} (`{self.type.__name__}`, {default}):\n{text}\n"
+
+
+def _default_block_size(config: GenerationConfig) -> int:
+    return -(-DEFAULT_BLOCK_SIZE // config.slot_size) * config.slot_size
+
+
 DECODING_MODES = ("refusion", "autoregressive")
 
-# The values ReFusion fields take when neither the call, nor the passed config, nor the model's generation config
-# sets them (the way `GenerationConfig._get_default_generation_params` fills stock fields). They follow the
-# authors' GSM8K / HumanEval / MBPP evaluation settings (slot 32, thresholds 0.9 / 0.4). A checkpoint's
-# generation_config.json overrides them.
-REFUSION_FIELDS: dict[str, Any] = {
-    "decoding": "refusion",
-    "slot_size": 32,
-    "block_size": None,  # unset: DEFAULT_BLOCK_SIZE rounded up to a multiple of slot_size
-    "slot_threshold": 0.9,
-    "token_threshold": 0.4,
-    "mask_token_id": None,
-    "plan_ahead": True,
-}
+# Every ReFusion knob, declared once (see `DecodingKnob`). The defaults are the values a knob takes when neither
+# the call, nor the passed config, nor the model's generation config sets it (the way
+# `GenerationConfig._get_default_generation_params` fills stock fields); they follow the authors' GSM8K / HumanEval
+# / MBPP evaluation settings (slot 32, thresholds 0.9 / 0.4). A checkpoint's generation_config.json overrides them.
+KNOBS: tuple[DecodingKnob, ...] = (
+    DecodingKnob(
+        name="decoding", type=str, default="refusion", choices=DECODING_MODES, tunable=False, in_settings=False,
+        help='`"refusion"` for slot-parallel decoding, `"autoregressive"` for transformers\' own left-to-right '
+        "decoding with the same weights (the baseline to compare against; every stock argument then has its stock "
+        "meaning).",
+    ),
+    DecodingKnob(
+        name="slot_size", type=int, default=32, low=1,
+        help="k, the number of consecutive tokens in a slot. The canvas of `max_new_tokens` is rounded up to a "
+        "multiple of k internally; positions past `max_new_tokens` are never returned.",
+    ),
+    DecodingKnob(
+        name="block_size", type=int, default=None, low=1, multiple_of="slot_size", resolve_unset=_default_block_size,
+        help="Tokens per serial block (a positive multiple of `slot_size`). Blocks are decoded left to right; slots "
+        f"inside a block in any order. Unset: {DEFAULT_BLOCK_SIZE} rounded up to a multiple of `slot_size` (at most "
+        "the canvas).",
+    ),
+    DecodingKnob(
+        name="slot_threshold", type=float, default=0.9, low=0,
+        help="A slot is chosen in a step when the probability of its first drafted token exceeds this; when none "
+        "does, the single most confident slot is chosen. Values above 1 force one slot per step.",
+    ),
+    DecodingKnob(
+        name="token_threshold", type=float, default=0.4, low=0,
+        help="A drafted token is accepted when its autoregressive probability exceeds this. 0 accepts every draft, "
+        "values above 1 accept only the tokens that are always accepted (one per round).",
+    ),
+    DecodingKnob(
+        name="mask_token_id", type=int, default=None, token_id=True, tunable=False,
+        help="Id of `<|mask|>`; taken from the model config when unset.",
+    ),
+    DecodingKnob(
+        name="plan_ahead", type=bool, default=True,
+        help="When every draft of the current step was drafted above `token_threshold`, run the next step's plan "
+        "inside the forward that verifies the current step, and use it if that step commits everything it verified "
+        "(otherwise it is discarded). Same tokens (up to float rounding), fewer forward passes; `False` runs every "
+        "plan as a forward of its own, as the authors' decoder does.",
+    ),
+    DecodingKnob(
+        name="remask_threshold", type=float, default=None, low=0, low_open=True, high=1,
+        help="Sub-slot remasking (off when unset): when a block's slots are all written, re-score each with the rest "
+        "of the block in view and remask from its first token whose probability is below this to the end of its "
+        "slot, to be decoded again (each position at most twice). Tokens are final, streamed and seen by stopping "
+        "criteria once their block is closed.",
+    ),
+)  # fmt: skip
+
+
+def declared_knobs(*, tunable: bool = False) -> tuple[DecodingKnob, ...]:
+    """The declared knobs (`KNOBS`, read when called), in declaration order; only the tunable ones if `tunable`."""
+    return tuple(knob for knob in KNOBS if knob.tunable or not tunable)
+
+
+# Derived names for callers that need only names and defaults.
+REFUSION_FIELDS: dict[str, Any] = {knob.name: knob.default for knob in KNOBS}
 # The knobs a user tunes (what presets set, CLIs expose and reports record); `decoding` picks the method and
 # `mask_token_id` comes from the checkpoint.
-DECODING_KNOBS: tuple[str, ...] = tuple(name for name in REFUSION_FIELDS if name not in ("decoding", "mask_token_id"))
+DECODING_KNOBS: tuple[str, ...] = tuple(knob.name for knob in declared_knobs(tunable=True))
+
+
+def decoding_knob_values(config: GenerationConfig) -> dict[str, Any]:
+    """The values of the knobs the decoder reads (`in_settings`) in a merged config (defaults filled in), as
+    `DecodingSettings` takes them: an unset knob resolved from the others (`resolve_unset`), each converted to its
+    declared type (a float knob given as 0 is 0.0)."""
+    values = {}
+    for knob in KNOBS:
+        if not knob.in_settings:
+            continue
+        value = getattr(config, knob.name)
+        if value is None and knob.resolve_unset is not None:
+            value = knob.resolve_unset(config)
+        values[knob.name] = value if value is None else knob.type(value)
+    return values
+
 
 # The authors' per-task evaluation settings (their eval.sh: generation length 512, the canvas cut into N serial
 # blocks, so block_size = 512 / N). `generate(..., preset=NAME)`, `RefusionGenerationConfig.from_preset(NAME)`,
@@ -61,55 +233,25 @@ def preset_settings(name: str) -> dict[str, Any]:
     return {**DECODING_PRESETS[name], "max_new_tokens": PRESET_MAX_NEW_TOKENS}
 
 
-# Tokens per serial block when `block_size` is unset: inside the 32-128 range the paper reports as robust
-# (appendix C.7), and fixed, so a step's cost does not grow with `max_new_tokens`.
-DEFAULT_BLOCK_SIZE = 128
-
-
 class RefusionGenerationConfig(GenerationConfig):
     r"""
     A [`GenerationConfig`] with the parameters of ReFusion's plan-and-infill decoding. Every stock field keeps
-    its meaning (docs/generate_arguments.md says how ReFusion decoding honours each one); these are added, and like
-    stock fields they are `None` (unset) until the call, the passed config, the model's generation config or the
-    defaults (`REFUSION_FIELDS`) give them a value:
-
-    decoding (`str`, defaults to `"refusion"`):
-        `"refusion"` for slot-parallel decoding, `"autoregressive"` for transformers' own left-to-right decoding with
-        the same weights (the baseline to compare against; every stock argument then has its stock meaning).
-    slot_size (`int`, defaults to 32):
-        k, the number of consecutive tokens in a slot. The canvas of `max_new_tokens` is rounded up to a multiple
-        of k internally; positions past `max_new_tokens` are never returned.
-    block_size (`int`, *optional*):
-        Tokens per serial block (a positive multiple of `slot_size`). Blocks are decoded left to right; slots
-        inside a block in any order. Unset: 128 rounded up to a multiple of `slot_size` (at most the canvas).
-    slot_threshold (`float`, defaults to 0.9):
-        A slot is chosen in a step when the probability of its first drafted token exceeds this; when none
-        does, the single most confident slot is chosen. Values above 1 force one slot per step.
-    token_threshold (`float`, defaults to 0.4):
-        A drafted token is accepted when its autoregressive probability exceeds this. 0 accepts every draft,
-        values above 1 accept only the tokens that are always accepted (one per round).
-    mask_token_id (`int`, *optional*):
-        Id of `<|mask|>`; taken from the model config when unset.
-    plan_ahead (`bool`, defaults to `True`):
-        When every draft of the current step was drafted above `token_threshold`, run the next step's plan inside
-        the forward that verifies the current step, and use it if that step commits everything it verified
-        (otherwise it is discarded). Same tokens (up to float rounding), fewer forward passes; `False` runs every
-        plan as a forward of its own, as the authors' decoder does.
+    its meaning (docs/generate_arguments.md says how ReFusion decoding honours each one); the fields listed below
+    (declared in `KNOBS`) are added, and like stock fields they are `None` (unset) until the call, the passed
+    config, the model's generation config or their defaults give them a value.
 
     Sampling follows stock semantics: `do_sample=True` draws every draft (plan and infill) from the distribution
     shaped by transformers' logits warpers (`temperature`, `top_k`, `top_p`, `min_p`, ...); `do_sample=False` is
     greedy whatever `temperature` says. Confidences (slot scores, verification) are always the model's own
     probabilities after the hard constraints (`suppress_tokens`, `bad_words_ids`, `min_new_tokens`, ...).
+
+    ReFusion's fields:
+
     """
 
     def __init__(self, **kwargs):
-        self.decoding: str | None = kwargs.pop("decoding", None)
-        self.slot_size: int | None = kwargs.pop("slot_size", None)
-        self.block_size: int | None = kwargs.pop("block_size", None)
-        self.slot_threshold: float | None = kwargs.pop("slot_threshold", None)
-        self.token_threshold: float | None = kwargs.pop("token_threshold", None)
-        self.mask_token_id: int | None = kwargs.pop("mask_token_id", None)
-        self.plan_ahead: bool | None = kwargs.pop("plan_ahead", None)
+        for knob in KNOBS:
+            setattr(self, knob.name, kwargs.pop(knob.name, None))
         super().__init__(**kwargs)
 
     @classmethod
@@ -120,7 +262,7 @@ class RefusionGenerationConfig(GenerationConfig):
     @staticmethod
     def _get_default_generation_params() -> dict[str, Any]:
         defaults = GenerationConfig._get_default_generation_params()
-        defaults.update({name: value for name, value in REFUSION_FIELDS.items() if value is not None})
+        defaults.update({knob.name: knob.default for knob in KNOBS if knob.default is not None})
         return defaults
 
     @classmethod
@@ -150,15 +292,10 @@ class RefusionGenerationConfig(GenerationConfig):
         # Types first: stock validation compares values and would raise `TypeError` on a string or a list.
         check_argument_types(self)
         super().validate(strict=strict, user_set_attributes=user_set_attributes)
-        if self.decoding is not None and self.decoding not in DECODING_MODES:
-            raise ValueError(f"`decoding` must be one of {DECODING_MODES}, got {self.decoding!r}.")
-        if self.slot_size is not None and self.slot_size < 1:
-            raise ValueError(f"`slot_size` must be an integer >= 1 (tokens per slot), got {self.slot_size!r}.")
-        if self.block_size is not None and (self.block_size < 1 or self.block_size % (self.slot_size or 1)):
-            raise ValueError(
-                f"`block_size` must be a positive multiple of `slot_size` ({self.slot_size}), got "
-                f"{self.block_size!r}; leave it unset (None) for the default."
-            )
+        for knob in KNOBS:
+            message = knob.value_error(self)
+            if message is not None:
+                raise ValueError(message)
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"`temperature` must be >= 0, got {self.temperature!r}.")
         if self.do_sample and self.temperature is not None and 0 < self.temperature < MIN_SAMPLING_TEMPERATURE:
@@ -174,35 +311,12 @@ class RefusionGenerationConfig(GenerationConfig):
         for name, low in _LOWER_BOUNDS.items():
             if getattr(self, name, None) is not None and getattr(self, name) < low:
                 raise ValueError(f"`{name}` must be >= {low}, got {getattr(self, name)!r}.")
-        for name in ("slot_threshold", "token_threshold"):
-            value = getattr(self, name)
-            if value is not None and (math.isnan(value) or value < 0):
-                raise ValueError(
-                    f"`{name}` must be a number >= 0 (values above 1 are allowed and mean 'never'), got {value!r}."
-                )
 
 
-class FieldDoc(NamedTuple):
-    type: str  # as the docstring writes it: "int", "float", "bool", "str"
-    text: str
-
-
-def documented_fields(config_class: type = RefusionGenerationConfig) -> dict[str, FieldDoc]:
-    """Each field documented in `config_class`'s docstring (transformers' `name (`type`, ...):` entries, the text
-    indented below, joined into one line): the model card and the commands' flags are built from it, so every knob
-    is typed and explained once, in the class."""
-    fields: dict[str, tuple[str, list[str]]] = {}
-    name = None
-    for line in inspect.cleandoc(config_class.__doc__ or "").splitlines():
-        header = re.fullmatch(r"(\w+) \(`(\w+)`.*\):", line)
-        if header:
-            name = header.group(1)
-            fields[name] = (header.group(2), [])
-        elif name is not None and line.startswith(" "):
-            fields[name][1].append(line.strip())
-        else:
-            name = None
-    return {name: FieldDoc(kind, " ".join(lines)) for name, (kind, lines) in fields.items()}
+# The knobs' section of the docstring (so `help(RefusionGenerationConfig)` documents them), from their declaration.
+RefusionGenerationConfig.__doc__ = RefusionGenerationConfig.__doc__.rstrip(" ") + "".join(
+    knob.doc_entry() for knob in KNOBS
+)
 
 
 def sampling_arguments(temperature: float | None) -> dict[str, Any]:
@@ -215,25 +329,23 @@ def sampling_arguments(temperature: float | None) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------- argument types
 # Stock validation checks values, not types: `temperature='1'` or `max_new_tokens=True` would reach a comparison
-# (TypeError) or be taken as 1. Every field that ReFusion decoding or these checks read is typed here.
+# (TypeError) or be taken as 1. Every stock field that ReFusion decoding or these checks read is typed here (the
+# knobs by their declaration).
 _INTEGER_FIELDS = (
     "max_new_tokens", "max_length", "min_new_tokens", "min_length", "top_k", "num_return_sequences", "num_beams",
-    "no_repeat_ngram_size", "slot_size", "block_size", "prompt_lookup_num_tokens",
+    "no_repeat_ngram_size", "prompt_lookup_num_tokens",
 )  # fmt: skip
 _NUMBER_FIELDS = (
     "temperature", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
-    "max_time", "slot_threshold", "token_threshold", "guidance_scale", "length_penalty",
+    "max_time", "guidance_scale", "length_penalty",
 )  # fmt: skip
 _BOOLEAN_FIELDS = (
-    "do_sample", "plan_ahead", "return_dict_in_generate", "use_cache", "output_scores", "output_logits",
+    "do_sample", "return_dict_in_generate", "use_cache", "output_scores", "output_logits",
     "output_attentions", "output_hidden_states", "remove_invalid_values", "renormalize_logits", "token_healing",
 )  # fmt: skip
-_TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "mask_token_id", "forced_bos_token_id", "forced_eos_token_id")
+_TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "forced_bos_token_id", "forced_eos_token_id")
 _TOKEN_LIST_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
 MIN_SAMPLING_TEMPERATURE = 1e-4
-# Stock generate accepts negative special ids (transformers' own tests pass -1 for "never stop", "no padding"): the
-# lowest id `decoding="autoregressive"` accepts. ReFusion decoding needs real ids (>= 0).
-NEVER_ID = -1
 
 # Lower bounds that stock validation leaves unchecked (a negative count reaches a tensor op as a RuntimeError).
 _LOWER_BOUNDS = {
@@ -254,6 +366,13 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+_TYPED_FIELDS = (
+    (_INTEGER_FIELDS, _is_int, "an integer"),
+    (_NUMBER_FIELDS, _is_number, "a number"),
+    (_BOOLEAN_FIELDS, lambda value: isinstance(value, bool), "True or False"),
+)
+
+
 def check_argument_types(config: GenerationConfig) -> None:
     """`ValueError` naming the first field whose value has the wrong type (None always passes). Token ids are
     integers >= 0; with `decoding="autoregressive"` special ids may be negative, as stock generate allows."""
@@ -261,22 +380,22 @@ def check_argument_types(config: GenerationConfig) -> None:
     def fail(name, expected):
         raise ValueError(f"`{name}` must be {expected}, got {getattr(config, name)!r}.")
 
-    def get(name):
-        return getattr(config, name, None)
+    get = vars(config).get  # every field is an instance attribute (GenerationConfig.__init__ sets them all)
 
     lowest = NEVER_ID if get("decoding") == "autoregressive" else 0
 
-    for name in _INTEGER_FIELDS:
-        if get(name) is not None and not _is_int(get(name)):
-            fail(name, "an integer")
-    for name in _NUMBER_FIELDS:
-        if get(name) is not None and not _is_number(get(name)):
-            fail(name, "a number")
-    for name in _BOOLEAN_FIELDS:
-        if get(name) is not None and not isinstance(get(name), bool):
-            fail(name, "True or False")
+    for knob in KNOBS:
+        value = get(knob.name)
+        if value is not None and (expected := knob.type_error(value, lowest)) is not None:
+            fail(knob.name, expected)
+    for names, has_type, expected in _TYPED_FIELDS:
+        for name in names:
+            value = get(name)
+            if value is not None and not has_type(value):
+                fail(name, expected)
     for name in _TOKEN_ID_FIELDS:
-        if get(name) is not None and not (_is_int(get(name)) and get(name) >= lowest):
+        value = get(name)
+        if value is not None and not (_is_int(value) and value >= lowest):
             fail(name, f"a token id (an integer >= {lowest})")
     eos = get("eos_token_id")
     if eos is not None and not (
@@ -303,10 +422,9 @@ def check_argument_types(config: GenerationConfig) -> None:
         or (isinstance(stops, (list, tuple)) and stops and all(isinstance(s, str) for s in stops))
     ):
         fail("stop_strings", "a string or a list of strings")
-    if get("decoding") is not None and not isinstance(get("decoding"), str):
-        fail("decoding", f"one of {DECODING_MODES}")
-    for name in ("temperature", "top_p", "min_p", "typical_p", "max_time", "slot_threshold", "token_threshold"):
-        if get(name) is not None and math.isnan(get(name)):
+    for name in ("temperature", "top_p", "min_p", "typical_p", "max_time"):
+        value = get(name)
+        if value is not None and math.isnan(value):
             fail(name, "a number, not NaN")
 
 
@@ -329,9 +447,11 @@ class RefusionGenerationOutput(ModelOutput):
     commit_step (`torch.LongTensor` of shape `(batch_size, answer_length)`):
         For each generated position, the decoding step (planning iteration, from 0) that committed it; -1 for
         positions after the end of the row's answer.
+    revised_tokens (`torch.LongTensor` of shape `(batch_size,)`):
+        Positions of each row remasked by revisions (`remask_threshold`) and decoded again; 0 when it is unset.
     chosen_slots (`list[list[list[int]]]`):
         For each row and each step, the start offsets (relative to the first generated position) of the slots
-        chosen by that step's plan.
+        chosen by that step's plan (or, with `remask_threshold`, remasked by that step's revision).
     """
 
     sequences: torch.LongTensor | None = None
@@ -341,3 +461,4 @@ class RefusionGenerationOutput(ModelOutput):
     forward_passes_per_row: torch.LongTensor | None = None
     commit_step: torch.LongTensor | None = None
     chosen_slots: list | None = None
+    revised_tokens: torch.LongTensor | None = None

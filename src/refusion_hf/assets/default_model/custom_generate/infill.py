@@ -1,0 +1,208 @@
+# Generated from refusion_hf.generation.infill by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
+"""The infill stages: completing chosen slots that verification did not accept whole (docs/design.md §3).
+
+    INFILL_DRAFT    each unfinished chosen slot re-drafts its unverified tail (masks, own logits).
+    INFILL_VERIFY   each unfinished chosen slot verifies its drafts autoregressively; when every slot is complete,
+                    the slots are committed together with the KV each computed alone (full KV reuse).
+
+A slot's verified tokens are fed once: their KV stays in the cache as *pending* entries that only that slot's later
+query tokens see, and each round feeds only the slot's unverified rest (masks when drafting, drafts when
+verifying). When every chosen slot is complete, the pending entries become committed ones; slots discarded after
+an EOS take their pending entries with them. The chosen slots are packed in one row under a block-diagonal mask
+(no prefix copy per slot); each row's layout is its own, so rows are examined one at a time.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .draft_policy import DraftPolicy
+from .plan_and_verify import with_lookahead
+from .sequence_state import Kept, Query, SequenceState, Stage
+from .stage_interface import ExaminedPart, StageQuery, StageUnit, after_context, causal, first_true, prefix_length
+
+
+@dataclass(frozen=True)
+class InfillFeed:
+    """Which tokens of the chosen slots an infill query feeds, in query order (slot after slot; each slot from its
+    first token not yet fed, to its end): the stage's `StageQuery.layout`. Host lists and their device copies."""
+
+    segments: list[tuple[int, int, int]]  # (query offset, length, chosen slot) per fed slot
+    slot_index: torch.LongTensor  # [q] chosen slot of each query token
+    offset_index: torch.LongTensor  # [q] its index inside the slot
+    positions: torch.LongTensor  # [q] original positions
+    scored: torch.LongTensor  # [s] query tokens whose logits the stage reads (drafting: the masks; verifying:
+    # every token followed by another of its slot)
+
+
+def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
+    """Each chosen slot feeds what the cache does not hold of it, from its first token not fed yet to its end:
+    drafting masks its unverified tail, verifying feeds the drafts. A slot sees its own pending entries and,
+    causally, its own query tokens; nothing of the other chosen slots."""
+    k, chosen = state.settings.slot_size, state.chosen
+    segments, slots, offsets, starts, scored = [], [], [], [], []
+    for i, start in enumerate(chosen.cached):
+        if start == k:
+            continue
+        first = len(slots)
+        segments.append((first, k - start, i))
+        slots += [i] * (k - start)
+        offsets += range(start, k)
+        starts += [state.prompt_length + chosen.slots[i] * k] * (k - start)
+        verified = chosen.verified[i]
+        scored += range(first + verified - start, first + k - start) if drafting else range(first, len(slots) - 1)
+    q = len(slots)
+    # one host-to-device copy for the query's layout: [3, q] and the scored tokens
+    layout = torch.tensor(slots + offsets + starts + scored, dtype=torch.long, device=state.device)
+    slot_index, offset_index = layout[:q], layout[q : 2 * q]
+    positions = layout[2 * q : 3 * q] + offset_index
+    scored_index = layout[3 * q :]
+    tokens = chosen.tokens[slot_index, offset_index]
+    if drafting:
+        tokens = tokens.index_fill(0, scored_index, state.settings.mask_token_id)
+    visible = (slot_index[:, None] == slot_index[None, :]) & causal(q, state.device)  # block-diagonal causal
+    view = torch.stack([slot_index * k, (slot_index + 1) * k], dim=1)  # [q, 2]: the slot's own tags
+    feed = InfillFeed(segments, slot_index, offset_index, positions, scored_index)
+    query = Query(tokens, positions, visible, pending_view=view)
+    return StageQuery(query if state.context is None else after_context(state, query), feed)
+
+
+# ------------------------------------------------------------------------------------------- INFILL_DRAFT
+class InfillDraftDecision(NamedTuple):
+    """Per chosen slot (read only when planning ahead): every draft after its always-accepted token was drafted
+    above the threshold; a draft still to be verified (the always-accepted one included) is an EOS."""
+
+    confident: list[bool]
+    ends: list[bool]
+
+    @classmethod
+    def read(cls, values: list[int]) -> InfillDraftDecision:
+        n = len(values) // 2
+        return cls([bool(v) for v in values[:n]], [bool(v) for v in values[n:]])
+
+
+class InfillDraftStage(StageUnit):
+    stage = Stage.INFILL_DRAFT
+
+    def query(self, state: SequenceState) -> StageQuery:
+        return infill_query(state, drafting=True)
+
+    def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
+        state, feed = parts[0].state, parts[0].fed.layout
+        k, chosen = state.settings.slot_size, state.chosen
+        rows = feed.scored  # [m] the masks, each predicting itself
+        scores = state.scores(logits[0, rows], lambda: feed.positions[rows])
+        proposals = state.policy.draw(scores)  # [m]
+        slot_index, offset_index = feed.slot_index[rows], feed.offset_index[rows]
+        chosen.tokens[slot_index, offset_index] = proposals
+        if not state.settings.plan_ahead:  # only planning ahead reads the draft probabilities
+            return torch.zeros(1, 0, dtype=torch.long, device=state.device), [None]
+        chosen.draft_probs[slot_index, offset_index] = state.policy.token_probs(scores, proposals)
+        verified = torch.tensor(chosen.verified, device=state.device)
+        offset = torch.arange(k, device=state.device)[None, :] - verified[:, None]  # [n, k]: 0 = first unverified
+        confident = ((chosen.draft_probs > state.settings.token_threshold) | (offset <= 0)).all(-1)  # [n]
+        ends = (state.is_eos(chosen.tokens) & (offset >= 0)).any(-1)  # [n]
+        return torch.cat([confident, ends]).long()[None], [None]
+
+    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
+        k, chosen = state.settings.slot_size, state.chosen
+        if state.settings.plan_ahead:
+            chosen.confident, chosen.ends = InfillDraftDecision.read(values)
+        # The context (after a revision) is committed; the verified tokens this query fed (before each slot's
+        # masks) stay in the cache, pending for their slot.
+        context = fed.query.num_context
+        state.context = None
+        runs = []
+        for offset, _, i in fed.layout.segments:
+            fed_tokens = chosen.verified[i] - chosen.cached[i]
+            if fed_tokens:
+                runs.append((context + offset, fed_tokens, i * k + chosen.cached[i]))
+            chosen.pending[i] += fed_tokens
+            chosen.cached[i] = chosen.verified[i]
+        state.stage = Stage.INFILL_VERIFY
+        return Kept(context, tuple(runs))
+
+
+# ------------------------------------------------------------------------------------------ INFILL_VERIFY
+class InfillVerifyDecision(NamedTuple):
+    """Per chosen slot: its verified prefix, and where an EOS lies in it (k: none)."""
+
+    verified: list[int]
+    eos_in_slot: list[int]
+
+    @classmethod
+    def read(cls, values: list[int]) -> InfillVerifyDecision:
+        n = len(values) // 2
+        return cls(values[:n], values[n:])
+
+
+class InfillVerifyStage(StageUnit):
+    stage = Stage.INFILL_VERIFY
+
+    def query(self, state: SequenceState) -> StageQuery:
+        return with_lookahead(state, infill_query(state, drafting=False))
+
+    def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
+        state, feed = parts[0].state, parts[0].fed.layout
+        k, chosen = state.settings.slot_size, state.chosen
+        n = len(chosen.slots)
+        rows = feed.scored  # [s] fed tokens followed by another of their slot; row j scores the token after it
+        slot_index, offset_index = feed.slot_index[rows], feed.offset_index[rows]
+        scores = state.scores(logits[0, rows], lambda: feed.positions[rows] + 1)
+        probs = DraftPolicy.token_probs(scores, chosen.tokens[slot_index, offset_index + 1])
+        confidence = torch.zeros(n, k, dtype=probs.dtype, device=state.device)
+        confidence[slot_index, offset_index + 1] = probs  # [n, k]: each token's probability given its prefix
+        already = torch.tensor(chosen.verified, device=state.device)
+        # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
+        arange = torch.arange(k, device=state.device)
+        accepted = (confidence > state.settings.token_threshold) | (arange[None, :] <= already[:, None])
+        verified = prefix_length(accepted)  # [n]
+        within = arange[None, :] < verified[:, None]
+        eos_in_slot = first_true(state.is_eos(chosen.tokens) & within)  # [n]; k: no EOS in the verified prefix
+        return torch.cat([verified, eos_in_slot])[None], [None]
+
+    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
+        k, chosen = state.settings.slot_size, state.chosen
+        n = len(chosen.slots)
+        verified, eos_in_slot = InfillVerifyDecision.read(values)
+        ending = next((i for i in range(n) if eos_in_slot[i] < k), None)
+        # What this query fed and verified stays in the cache for its slot (an ending slot's only up to its EOS;
+        # nothing of the slots after it).
+        runs = []
+        for offset, _, i in fed.layout.segments:
+            if ending is not None and i > ending:
+                break
+            end = verified[i] if i != ending else min(verified[i], eos_in_slot[i] + 1)
+            if end > chosen.cached[i]:
+                runs.append((offset, end - chosen.cached[i], i * k + chosen.cached[i]))
+                chosen.pending[i] += end - chosen.cached[i]
+                chosen.cached[i] = end
+        chosen.verified = verified
+        keep_below, discarded = None, 0
+        if ending is not None:
+            # This slot ends the answer: later chosen slots and later undecoded slots are discarded, and so are
+            # the pending entries after the EOS (the slot's own, verified before the EOS was seen, included).
+            keep_below = ending * k + eos_in_slot[ending] + 1
+            own = min(chosen.pending[ending], eos_in_slot[ending] + 1)
+            discarded = sum(chosen.pending[ending + 1 :]) + chosen.pending[ending] - own
+            chosen.pending[ending] = own
+            chosen.keep_first(ending + 1)
+            chosen.verified[ending] = chosen.cached[ending] = k  # complete: nothing more to feed
+            state.drop_after(chosen.slots[ending])
+        if min(chosen.verified) < k:
+            state.stage = Stage.INFILL_DRAFT
+            return Kept(0, tuple(runs), keep_below, discarded=discarded)
+        # Every slot complete: append them in position order with the KV each computed on its own (this query's
+        # kept tokens, a prefix of it, and the pending entries). Only the last one can hold an EOS (an earlier one
+        # would have ended the answer), found in this round's read.
+        flat = chosen.tokens.flatten()
+        eos_at = None if ending is None else ending * k + eos_in_slot[ending]
+        end = flat.shape[0] if eos_at is None else eos_at + 1
+        state.commit(chosen.slots, flat[:end], eos_at=eos_at)
+        committed = sum(length for _, length, _ in runs)
+        return state.finish_iteration(Kept(committed, (), keep_below, promote=True, discarded=discarded))

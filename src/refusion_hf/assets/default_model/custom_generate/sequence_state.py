@@ -1,0 +1,356 @@
+# Generated from refusion_hf.generation.sequence_state by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
+"""The decoding state of one sequence: its canvas, what is written, the block and pool being decoded, the slots
+in flight, and the stage it is in (docs/design.md §3).
+
+This module owns the state and the operations every stage shares on it (committing slots, ending the answer at an
+EOS or a stopping criterion's cut, moving to the next block). It does no model work: the stages (`stages.py`,
+`plan_and_verify.py`, `infill.py`) build queries from this state and decide from the logits; the batch scheduler
+(`batch_scheduler.py`) runs the forwards.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from .draft_policy import DraftPolicy
+
+MAX_REVISIONS = 2  # with `remask_threshold`: a position is remasked at most this many times, so decoding ends
+
+
+class Stage(enum.Enum):
+    """Where a sequence is in its planning iteration; `stages.STAGES` maps each (but DONE) to its unit."""
+
+    PLAN = "plan"  # one forward of the block's undecoded slots (masks): drafts + slot scores; choose slots
+    VERIFY = "verify"  # one forward of the chosen drafts in position order: commit whole slots, else infill
+    INFILL_DRAFT = "infill_draft"  # each unfinished chosen slot re-drafts its unverified tail
+    INFILL_VERIFY = "infill_verify"  # each unfinished chosen slot verifies its drafts autoregressively
+    REVISE = "revise"  # with `remask_threshold`: re-score the block's written slots; remask low tails (revision.py)
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    max_new_tokens: int  # L: tokens returned per sequence
+    slot_size: int  # k
+    block_size: int  # b: tokens per serial block, a multiple of k
+    slot_threshold: float
+    token_threshold: float
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    plan_ahead: bool = True  # run the next plan inside verification forwards (plan_and_verify.py)
+    remask_threshold: float | None = None  # revise written tokens below this probability (revision.py); None: off
+
+    @property
+    def canvas_length(self) -> int:  # L rounded up to a multiple of k
+        return -(-self.max_new_tokens // self.slot_size) * self.slot_size
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.canvas_length // self.block_size)
+
+
+@dataclass
+class Query:
+    """What one sequence feeds to one forward.
+
+    The first `num_context` tokens need no logits (the prompt, on the first forward); logits are returned for the
+    remaining ones. `visible[i, j]` says whether query token i may attend to query token j; every query token
+    also sees all of the sequence's committed cache entries, and the pending infill entries whose tags lie in
+    `[pending_view[i, 0], pending_view[i, 1])` (a pending entry's tag is chosen slot * k + index in the slot, so
+    a slot's range is its own entries; None: no token sees any). `hidden[i]` is a range of original positions
+    whose cache entries query token i must not see (a revision re-scores a slot without the slot itself; None: no
+    token hides any).
+    """
+
+    tokens: torch.LongTensor  # [q]
+    positions: torch.LongTensor  # [q] original positions
+    visible: torch.BoolTensor  # [q, q]
+    num_context: int = 0
+    pending_view: torch.LongTensor | None = None  # [q, 2]
+    hidden: torch.LongTensor | None = None  # [q, 2]
+
+    @property
+    def num_scored(self) -> int:
+        return self.tokens.shape[0] - self.num_context
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a sequence keeps of its last forward's query in the cache (a stage's `decide`).
+
+    `committed` leading query tokens become committed entries (every stage commits a prefix of its query: the
+    prompt, the verified slots in position order, the completed infill slots in position order). `pending` runs
+    `(query offset, length, first tag)` are kept as pending entries tagged `first tag`, `first tag + 1`, ...
+    (infill prefixes; tag = chosen slot * k + index in the slot). Then the row's pending entries tagged
+    `keep_below` or more are discarded (None: none is; `discarded` counts them) and, with `promote`, the rest
+    become committed (the infill is complete). Finally, with `invalidate_from`, every entry of the row holding
+    that original position or a later one leaves the cache (a revision took those tokens back)."""
+
+    committed: int
+    pending: tuple[tuple[int, int, int], ...] = ()
+    keep_below: int | None = None
+    promote: bool = False
+    discarded: int = 0
+    invalidate_from: int | None = None
+
+    @property
+    def extent(self) -> int:
+        """Query tokens up to the last kept one."""
+        return max([self.committed] + [offset + length for offset, length, _ in self.pending])
+
+
+def slot_offsets(slots: list[int], k: int) -> list[int]:
+    """Answer offsets (position minus prompt length) of the slots' tokens, slot after slot (host list)."""
+    return [slot * k + j for slot in slots for j in range(k)]
+
+
+@dataclass
+class ChosenSlots:
+    """The slots picked by one plan, in position order, and their state through verification and infill."""
+
+    slots: list[int]  # slot indices (slot s covers canvas [s*k, (s+1)*k))
+    tokens: torch.LongTensor  # [n, k] current drafts
+    scores: torch.Tensor  # [n] probability of each slot's first draft at planning time
+    draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
+    confident: list[bool]  # per slot: every draft still to be verified was drafted above the token threshold
+    ends: list[bool]  # per slot: a draft still to be verified is an EOS (accepting it ends the answer)
+    verified: list[int] = field(default_factory=list)  # per slot, length of its accepted prefix
+    # Infill: per slot, how many of its leading tokens need not be fed again (their KV, computed with the slot
+    # alone, is pending in the cache; after an EOS that ends the slot, k: nothing more to feed).
+    cached: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # per slot, its pending cache entries
+
+    def keep_first(self, n: int) -> None:
+        """Drop every chosen slot after the first `n`."""
+        self.slots, self.tokens, self.draft_probs = self.slots[:n], self.tokens[:n], self.draft_probs[:n]
+        self.verified, self.confident, self.ends = self.verified[:n], self.confident[:n], self.ends[:n]
+        self.cached, self.pending = self.cached[:n], self.pending[:n]
+
+
+class SequenceState:
+    """ReFusion decoding state of one sequence. The stages read it to build their queries and change it through
+    the methods below when they decide; nothing else writes it."""
+
+    def __init__(self, prompt: torch.LongTensor, settings: DecodingSettings, policy: DraftPolicy):
+        device = prompt.device
+        self.settings = settings
+        self.policy = policy
+        self.device = device
+        self.prompt_length = prompt.shape[0]
+        k, length = settings.slot_size, settings.canvas_length
+        # The canvas grows as blocks are entered (`reserve`), so memory follows the decoded answer, never
+        # `max_new_tokens`: positions not allocated yet are masks, uncommitted.
+        self.canvas = torch.empty(0, dtype=torch.long, device=device)
+        self.written = bytearray()  # 1 where the canvas holds a committed token (host-side: no device sync)
+        self._prefix = 0  # committed positions 0 .. _prefix - 1 (grows, except when a revision takes tokens back)
+        self.revisions = bytearray()  # per canvas position, how many times it was remasked (revision.py)
+        self.revised_tokens = 0  # positions remasked, in all
+        # Canvas positions before `closed` are final. Without revision every committed token is; with it, a token
+        # is final once its block is closed (revised, nothing more to revise): streamers and criteria lag a block.
+        self.closed = 0 if settings.remask_threshold is not None else None
+        self.commit_step = torch.empty(0, dtype=torch.long, device=device)
+        self.eos_ids = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
+        self.first_eos: int | None = None  # canvas index of the first committed EOS
+        self.stop_length: int | None = None  # set by a stopping criterion: the answer ends after this many tokens
+        self.ends_after_block = False  # an EOS was accepted: no block after the current one is decoded
+        self.slots_per_block = settings.block_size // k
+        self.num_slots = length // k
+        self.block = 0
+        self.pool: list[int] = self.block_slots(0)  # undecoded slots of the current block, in order
+        self.reserve(self.pool)
+        self.context: torch.LongTensor | None = prompt  # tokens to cache with the next forward (the prompt, once)
+        self.context_positions = torch.arange(prompt.shape[0], device=device)  # their original positions
+        self.stage = Stage.PLAN
+        self.step = -1  # planning iteration
+        self.forward_passes = 0
+        self.trace_chosen: list[list[int]] = []
+        self.plan_drafts: torch.LongTensor | None = None  # [len(pool), k], for draft streaming
+        self.chosen: ChosenSlots | None = None
+
+    # ------------------------------------------------------------------------------------------- reading
+    def block_slots(self, block: int) -> list[int]:
+        start = block * self.slots_per_block
+        return list(range(start, min(start + self.slots_per_block, self.num_slots)))
+
+    def slot_positions(self, slots: list[int]) -> torch.LongTensor:
+        """[n*k] original positions of the slots' tokens."""
+        offsets = slot_offsets(slots, self.settings.slot_size)
+        return torch.tensor([self.prompt_length + offset for offset in offsets], device=self.device)
+
+    def num_context(self) -> int:
+        return 0 if self.context is None else self.context.shape[0]
+
+    def is_eos(self, tokens: torch.Tensor) -> torch.BoolTensor:
+        return torch.isin(tokens, self.eos_ids)
+
+    def scores(self, logits: torch.Tensor, predicted_positions) -> torch.Tensor:
+        """Constrained scores of logits rows; `predicted_positions()` gives the original position [n] each row
+        predicts (only called when a positional constraint needs it: off the hot path otherwise)."""
+        offsets = predicted_positions() - self.prompt_length if self.policy.positional else None
+        return self.policy.scores(logits, offsets)
+
+    @property
+    def answer_length(self) -> int:
+        """Positions of the final answer: up to and including the first EOS, at most max_new_tokens, and no
+        further than a stopping criterion's cut."""
+        length = self.settings.max_new_tokens
+        if self.first_eos is not None:
+            length = min(length, self.first_eos + 1)
+        return length if self.stop_length is None else min(length, self.stop_length)
+
+    @property
+    def written_prefix(self) -> int:
+        """Length of the left-to-right prefix of the answer that is committed (nothing missing)."""
+        while self._prefix < len(self.written) and self.written[self._prefix]:
+            self._prefix += 1
+        return min(self._prefix, self.answer_length)
+
+    @property
+    def finished_prefix(self) -> int:
+        """Length of the left-to-right prefix of the answer that is final: committed and, with revision, in a
+        closed block."""
+        prefix = self.written_prefix
+        return prefix if self.closed is None else min(prefix, self.closed)
+
+    def next_block_slots(self) -> list[int]:
+        """The slots of the block after the current one; none when decoding ends with the current block."""
+        if self.ends_after_block or self.block + 1 >= self.settings.num_blocks:
+            return []
+        return self.block_slots(self.block + 1)
+
+    def undecoded_after_commit(self) -> list[int]:
+        """The current block's slots still undecoded if this iteration commits every chosen slot."""
+        chosen = set(self.chosen.slots)
+        return [slot for slot in self.pool if slot not in chosen]
+
+    def pool_after_commit(self) -> list[int]:
+        """The pool of the next plan if this iteration commits every chosen slot (none when a revision comes
+        first: the block is re-scored before the next one is planned)."""
+        undecoded = self.undecoded_after_commit()
+        if undecoded or self.closed is not None:
+            return undecoded
+        return self.next_block_slots()
+
+    def revisable_slots(self) -> list[int]:
+        """The current block's slots a revision may re-score: written, wholly inside the answer and before its EOS
+        (the EOS and what it ended stay as decided), with a position revised fewer than `MAX_REVISIONS` times."""
+        k = self.settings.slot_size
+        slots = []
+        for slot in self.block_slots(self.block):
+            start, end = slot * k, (slot + 1) * k
+            if end > self.answer_length or (self.first_eos is not None and end > self.first_eos):
+                continue
+            if all(self.written[start:end]) and min(self.revisions[start:end]) < MAX_REVISIONS:
+                slots.append(slot)
+        return slots
+
+    def block_positions(self) -> tuple[int, int]:
+        """[start, end) canvas positions of the current block."""
+        start = self.block * self.settings.block_size
+        return start, min(start + self.settings.block_size, self.settings.canvas_length)
+
+    def draft_view(self) -> torch.LongTensor:
+        """The canvas allocated so far (at least through the current block) with the current drafts filled in (masks
+        where there is none), for draft streaming."""
+        view = self.canvas.clone()
+        k = self.settings.slot_size
+        if self.stage is Stage.VERIFY and self.plan_drafts is not None:
+            for slot, tokens in zip(self.pool, self.plan_drafts):
+                view[slot * k : (slot + 1) * k] = tokens
+        if self.chosen is not None:
+            for slot, tokens in zip(self.chosen.slots, self.chosen.tokens):
+                view[slot * k : (slot + 1) * k] = tokens
+        return view[: self.settings.max_new_tokens]
+
+    # ------------------------------------------------------------------------------------------- writing
+    def reserve(self, slots: list[int]) -> None:
+        """Grow the canvas, its commit steps and written flags to hold `slots` (a block's, when it is entered):
+        doubling, at most to the canvas length, so a long answer costs amortised O(1) copies per position."""
+        have, need = len(self.written), (max(slots) + 1) * self.settings.slot_size
+        if need <= have:
+            return
+        extra = min(self.settings.canvas_length, max(need, 2 * have)) - have
+        self.canvas = torch.cat([self.canvas, self.canvas.new_full((extra,), self.settings.mask_token_id)])
+        self.commit_step = torch.cat([self.commit_step, self.commit_step.new_full((extra,), -1)])
+        self.written += bytes(extra)
+        self.revisions += bytes(extra)
+
+    def commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
+        """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas; `eos_at` is
+        the index in `tokens` of its first EOS, if it has one (the caller has read it already)."""
+        k = self.settings.slot_size
+        positions = [slot * k + j for slot in slots for j in range(k)][: tokens.shape[0]]
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
+        self.canvas[index] = tokens
+        self.commit_step[index] = self.step
+        for position in positions:
+            self.written[position] = 1
+        done = set(slots)
+        self.pool = [slot for slot in self.pool if slot not in done]
+        if eos_at is not None:
+            first = positions[eos_at]
+            self.first_eos = first if self.first_eos is None else min(self.first_eos, first)
+
+    def take_back(self, start: int, end: int) -> None:
+        """Remask canvas positions [start, end) (a revision): no longer written, decoded again."""
+        self.canvas[start:end] = self.settings.mask_token_id
+        self.commit_step[start:end] = -1
+        self.written[start:end] = bytes(end - start)
+        for position in range(start, end):
+            self.revisions[position] += 1
+        self.revised_tokens += end - start
+        self._prefix = min(self._prefix, start)
+
+    def put(self, position: int, token: int) -> None:
+        """Write one token (a revision's second opinion), committed in the current step."""
+        self.canvas[position] = token
+        self.commit_step[position] = self.step
+        self.written[position] = 1
+
+    def drop_after(self, eos_slot: int) -> None:
+        """An EOS was accepted in `eos_slot`: drop undecoded slots after it; stop after this block."""
+        self.pool = [slot for slot in self.pool if slot < eos_slot]
+        self.ends_after_block = True
+
+    def stop_at(self, length: int) -> None:
+        """A stopping criterion fired after `length` final answer tokens: the answer ends there (tokens decoded
+        out of order beyond it are discarded, undecoded slots after it are never decoded)."""
+        self.stop_length = length if self.stop_length is None else min(self.stop_length, length)
+        if self.finished_prefix == self.answer_length:
+            self.chosen, self.plan_drafts = None, None
+            self.stage = Stage.DONE
+
+    def finish_iteration(self, kept: Kept) -> Kept:
+        """The chosen slots are committed: plan next (in the next block when this one is decoded, after its
+        revision if `remask_threshold` is set), or stop."""
+        self.chosen = None
+        self.plan_drafts = None
+        self.stage = Stage.PLAN
+        if self.pool and self.written_prefix < self.answer_length:
+            return kept  # more slots of this block to decode
+        if self.closed is not None and self.revisable_slots():
+            self.stage = Stage.REVISE
+            return kept
+        return self.close_block(kept)
+
+    def close_block(self, kept: Kept) -> Kept:
+        """The current block is decoded (and revised): its tokens are final; go on with the next block, or stop."""
+        if self.closed is not None:
+            self.closed = self.block_positions()[1]
+        self.stage = Stage.PLAN
+        if self.finished_prefix == self.answer_length:
+            # Everything that will be returned is decoded; the rest of the canvas cannot change it.
+            self.stage = Stage.DONE
+        elif not self.pool:
+            self.pool = self.next_block_slots()
+            self.block += 1
+            if not self.pool:
+                self.stage = Stage.DONE
+            else:
+                self.reserve(self.pool)
+        return kept

@@ -1,0 +1,250 @@
+# Generated from refusion_hf.generation.ragged_kv_cache by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
+"""The KV cache a batch of ReFusion rows shares, and the one forward that feeds every row's query on top of it.
+
+transformers' `DynamicCache` holds the keys and values (appending, `crop`, `batch_select_indices`); this module adds
+which entries each row may attend to (rows keep different numbers of tokens per forward, and infill keeps
+*pending* entries only one slot sees), which canvas position each entry holds, and the 4-D attention mask built
+from both. The model is any Qwen3-shaped causal LM: it takes the mask, `position_ids` and the cache as stock.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from .sequence_state import Kept, Query
+
+
+class RaggedKVCache:
+    """A `DynamicCache` shared by the batch, plus which entries each row may attend to.
+
+    Rows commit different numbers of tokens per forward: each forward's new segment is cut after the last entry any
+    row keeps, and the validity mask covers the holes (left padding, and what shorter rows did not keep). Infill
+    prefixes are kept as *pending* entries with a tag (chosen slot * k + index in the slot) that only query tokens
+    whose `pending_view` covers it attend to, until they are committed or discarded. When holes make up most of the
+    cache (rows that joined or kept little), `compact_if_sparse` moves each row's entries to the front.
+
+    `positions` maps every cache column to the original position its entry holds (the map from canvas position to
+    cache column, read the other way): `invalidate` drops a row's entries from a position on, so that tokens can be
+    taken back (their entries, and those of every later token that attended to them).
+    """
+
+    COMPACT_SLACK = 32  # compact when the cache is more than twice as wide as its fullest row, and this much wider
+
+    def __init__(self, config, batch_size: int, device):
+        self.config = config
+        self.cache = DynamicCache(config=config)
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
+        self.tags: torch.LongTensor | None = None  # [B, T] pending entries' tags, -1 elsewhere; None: none pending
+        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, T] original positions
+        self.lengths = [0] * batch_size  # host: entries each row holds (committed and pending)
+        self.pending = [0] * batch_size  # host: pending entries per row
+
+    def attention_mask(
+        self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None, hidden=None
+    ) -> torch.Tensor:
+        """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)), hidden: [B, Q, 2]
+        original positions whose entries each query token must not see ([lo, hi)) -> additive float mask
+        [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
+        batch_size, q = visible.shape[:2]
+        cached = self.valid[:, None, :].expand(batch_size, q, -1)
+        if self.tags is not None and views is not None:
+            tags = self.tags[:, None, :]  # [B, 1, T]
+            cached = cached | ((tags >= views[..., :1]) & (tags < views[..., 1:]))
+        if hidden is not None:
+            positions = self.positions[:, None, :]  # [B, 1, T]
+            cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
+        allowed = torch.cat([cached, visible], dim=-1)
+        mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(allowed, 0.0)[:, None]
+
+    def keep_new_entries(self, spans: list[tuple[int, Kept]], queries: list[Query]) -> None:
+        """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query
+        `queries[b]`, which starts at `start` of that new segment (after the row's left padding). The segment is cut
+        after the last kept entry (`DynamicCache.crop`); entries not kept are holes, masked by `valid`. No K/V is
+        copied."""
+        old = self.valid.shape[1]
+        device = self.valid.device
+        bounds = [[start for start, _ in spans], [start + kept.committed for start, kept in spans]]
+        starts, stops = torch.tensor(bounds, dtype=torch.long, device=device)  # [B] each
+        width = max((start + kept.extent for start, kept in spans), default=0)
+        cut = self.cache.get_seq_length() - (old + width)
+        if cut > 0:
+            self.cache.crop(-cut)  # DynamicCache's crop takes the number of entries to remove, negated
+        index = torch.arange(width, device=device)[None, :]  # [1, width]
+        self.valid = torch.cat([self.valid, (index >= starts[:, None]) & (index < stops[:, None])], dim=1)
+        positions = [
+            F.pad(query.positions, (start, max(0, width - start - query.positions.shape[0])), value=-1)[:width]
+            for (start, _), query in zip(spans, queries)
+        ]
+        self.positions = torch.cat([self.positions, torch.stack(positions)], dim=1)
+        for row, (_, kept) in enumerate(spans):
+            added = sum(length for _, length, _ in kept.pending)
+            self.lengths[row] += kept.committed + added - kept.discarded
+            self.pending[row] = 0 if kept.promote else self.pending[row] + added - kept.discarded
+        if any(kept.pending for _, kept in spans) or self.tags is not None:
+            self._update_pending(spans, old, width)
+        for row, (_, kept) in enumerate(spans):
+            if kept.invalidate_from is not None:
+                self.invalidate(row, kept.invalidate_from)
+
+    def _update_pending(self, spans: list[tuple[int, Kept]], old: int, width: int) -> None:
+        """Tag this forward's pending entries, then discard and promote (one batched op each)."""
+        device = self.valid.device
+        if any(kept.pending for _, kept in spans):
+            rows = [[-1] * width for _ in spans]  # [B, width] host-built: one copy
+            for row, (start, kept) in enumerate(spans):
+                for offset, length, tag in kept.pending:
+                    rows[row][start + offset : start + offset + length] = range(tag, tag + length)
+            new = torch.tensor(rows, dtype=torch.long, device=device)
+        else:
+            new = torch.full((len(spans), width), -1, dtype=torch.long, device=device)
+        self.tags = torch.cat([self.pending_tags()[:, :old], new], dim=1)
+        if any(kept.keep_below is not None or kept.promote for _, kept in spans):
+            below = [2**62 if kept.keep_below is None else kept.keep_below for _, kept in spans]
+            settle = torch.tensor([below, [kept.promote for _, kept in spans]], dtype=torch.long, device=device)
+            alive = (self.tags >= 0) & (self.tags < settle[0][:, None])  # [B, T]
+            promote = settle[1][:, None].bool()
+            self.valid |= alive & promote
+            self.tags = torch.where(alive & ~promote, self.tags, -1)
+        if not any(self.pending):
+            self.tags = None
+
+    def extend(self, other: RaggedKVCache) -> None:
+        """Append `other`'s rows (requests that joined, prefilled in a cache of their own) after this cache's rows;
+        the narrower of the two is padded with holes."""
+        if not self.lengths:  # no rows left: the joining rows' cache is the cache
+            self.cache, self.valid, self.tags, self.positions = other.cache, other.valid, other.tags, other.positions
+            self.lengths, self.pending = list(other.lengths), list(other.pending)
+            return
+        width = max(self.valid.shape[1], other.valid.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            for name in ("keys", "values"):
+                merged = [_pad_entries(getattr(layer, name), width) for layer in (mine, theirs)]
+                setattr(mine, name, torch.cat(merged, dim=0))
+        pad_from = (self, other)
+        pad = [F.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
+        if self.tags is not None or other.tags is not None:
+            tags = [F.pad(c.pending_tags(), (0, width - c.valid.shape[1]), value=-1) for c in (self, other)]
+            self.tags = torch.cat(tags, dim=0)
+        self.valid = torch.cat(pad, dim=0)
+        self.positions = torch.cat([F.pad(c.positions, (0, width - c.positions.shape[1]), value=-1) for c in pad_from])
+        self.lengths = self.lengths + other.lengths
+        self.pending = self.pending + other.pending
+
+    def pending_tags(self) -> torch.LongTensor:
+        """[B, T] the pending entries' tags, -1 elsewhere (everywhere when nothing is pending)."""
+        return self.tags if self.tags is not None else torch.full(self.valid.shape, -1, device=self.valid.device)
+
+    def select_rows(self, rows: list[int]) -> None:
+        if not rows:  # nothing left to decode: an empty cache (joining rows become the whole cache)
+            self.cache = DynamicCache(config=self.config)
+            self.valid, self.tags, self.lengths, self.pending = self.valid[:0, :0], None, [], []
+            self.positions = self.positions[:0, :0]
+            return
+        self.cache.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.valid.device))
+        self.valid = self.valid[rows]
+        self.positions = self.positions[rows]
+        self.lengths = [self.lengths[row] for row in rows]
+        self.pending = [self.pending[row] for row in rows]
+        self.tags = self.tags[rows] if self.tags is not None and any(self.pending) else None
+        self.compact_if_sparse()
+
+    def compact_if_sparse(self) -> None:
+        """Move every row's entries (committed and pending) to the front, in order, when holes make up most of the
+        cache."""
+        width, fullest = self.valid.shape[1], max(self.lengths, default=0)
+        if width <= 2 * fullest or width - fullest < self.COMPACT_SLACK:
+            return
+        held = self.valid if self.tags is None else self.valid | (self.tags >= 0)
+        # Stable sort: each row's entries first, in cache order; [B, fullest]
+        order = torch.sort((~held).to(torch.uint8), dim=1, stable=True).indices[:, :fullest]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)  # [B, H, T, D]
+                index = order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                setattr(layer, name, tensor.gather(2, index))
+        self.valid = self.valid.gather(1, order)
+        self.positions = self.positions.gather(1, order)
+        if self.tags is not None:
+            self.tags = self.tags.gather(1, order)
+
+    def invalidate(self, row: int, first_position: int) -> int:
+        """Drop row `row`'s entries (committed and pending) that hold original positions `first_position` or later;
+        returns how many. Their columns become holes (the K/V stays until compaction)."""
+        held = self.valid[row] if self.tags is None else self.valid[row] | (self.tags[row] >= 0)
+        dropped = held & (self.positions[row] >= first_position)
+        count = int(dropped.sum())
+        if count:
+            pending = 0 if self.tags is None else int((dropped & (self.tags[row] >= 0)).sum())
+            self.valid[row] &= ~dropped
+            if self.tags is not None:
+                self.tags[row] = torch.where(dropped, -1, self.tags[row])
+            self.lengths[row] -= count
+            self.pending[row] -= pending
+            if not any(self.pending):
+                self.tags = None
+        return count
+
+
+def _pad_entries(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, H, T, D] -> [B, H, width, D], zeros after the T entries (holes)."""
+    return F.pad(tensor, (0, 0, 0, width - tensor.shape[2]))
+
+
+def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id: int) -> torch.Tensor:
+    """ONE model forward for every row's query on top of the shared cache.
+
+    Layout per row: [context tokens, left-padded to the batch's widest context] + [scored tokens, right-padded].
+    Returns logits [B, S, V] for the scored parts (S = widest scored part).
+    """
+    context_width = max(q.num_context for q in queries)
+    scored_width = max(q.num_scored for q in queries)
+    if all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
+        pads = None  # nothing to pad (always so at batch 1)
+        input_ids, positions, visible = (torch.stack(field) for field in _fields(queries))
+    else:
+        pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
+        input_ids, positions, visible = _pad_queries(queries, pads, pad_token_id)
+    views = _stack_ranges([q.pending_view for q in queries], pads, visible)  # which pending entries each sees
+    hidden = _stack_ranges([q.hidden for q in queries], pads, visible)  # which positions each must not see
+    output = model(
+        input_ids=input_ids,
+        position_ids=positions,
+        attention_mask=kv.attention_mask(visible, model.dtype, views, hidden),
+        cache=kv.cache,
+        use_cache=True,
+        logits_to_keep=scored_width,
+    )
+    return output.logits
+
+
+def _fields(queries: list[Query]):
+    return [q.tokens for q in queries], [q.positions for q in queries], [q.visible for q in queries]
+
+
+def _pad_queries(queries: list[Query], pads: list[tuple[int, int]], pad_token_id: int):
+    """Queries of different shapes -> input_ids, positions [B, width], visible [B, width, width], each row's context
+    left-padded and its scored part right-padded by `pads` (one pad per row and tensor, one stack)."""
+    tokens, positions, visible = _fields(queries)
+    input_ids = torch.stack([F.pad(t, pad, value=pad_token_id) for t, pad in zip(tokens, pads)])
+    positions = torch.stack([F.pad(p, pad) for p, pad in zip(positions, pads)])
+    visible = torch.stack([F.pad(v, pad + pad) for v, pad in zip(visible, pads)])
+    # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
+    width = visible.shape[1]
+    visible |= torch.eye(width, dtype=torch.bool, device=visible.device)[None] & ~visible.any(-1, keepdim=True)
+    return input_ids, positions, visible
+
+
+def _stack_ranges(ranges: list, pads: list[tuple[int, int]] | None, visible: torch.BoolTensor):
+    """Per-token [lo, hi) ranges of the rows ([q, 2] each, None: the empty range [0, 0) for every token), padded like
+    the queries -> [B, width, 2]; None when no row has any."""
+    if all(r is None for r in ranges):
+        return None
+    none = torch.zeros(visible.shape[1], 2, dtype=torch.long, device=visible.device)
+    if pads is None:
+        return torch.stack([none if r is None else r for r in ranges])
+    return torch.stack([none if r is None else F.pad(r, (0, 0) + pad) for r, pad in zip(ranges, pads)])

@@ -1,0 +1,137 @@
+# Generated from refusion_hf.generation.stage_interface by refusion_hf.modeling.remote_code (save_pretrained writes it; `make embedded-bundle` refreshes the embedded model's copy): edit the source, not this file.
+"""The interface every decoding stage implements, and what travels between its halves (docs/design.md §3).
+
+A stage is a `StageUnit` with three methods, called once per forward for every row in that stage:
+
+    query(state)                 -> StageQuery   what the row feeds: tokens, positions, visibility, and the stage's
+                                                 own `layout` of them (read back by `decide`: no hidden fields)
+    examine(parts, logits)       -> (values, payloads)
+                                                 the device half: logits [R, W, V] of R rows (rows of one stage and
+                                                 width together when `batched`) -> decision values [R, m] (long,
+                                                 read to the host with every other row's in ONE transfer) and one
+                                                 payload per row (device tensors `decide` needs, e.g. the drafts)
+    decide(state, fed, payload, values) -> Kept  the host half: the row's values decoded into the stage's typed
+                                                 decision, the state advanced, and what of the query keeps its KV
+
+`stages.STAGES` maps each `Stage` to its unit; `stages.py` drives one row through one forward with them. The
+stages themselves are in `plan_and_verify.py` and `infill.py`; tensor helpers they share are here.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .draft_policy import DraftPolicy
+from .sequence_state import Kept, Query, SequenceState, Stage
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """The next plan's masks appended to a verification query, and what that plan assumes."""
+
+    slots: list[int]  # the pool the next plan would have
+    after: int  # query tokens before the masks: all of them must be committed, in query order
+
+
+@dataclass(frozen=True)
+class StageQuery:
+    """A row's query for one forward, as its stage built it."""
+
+    query: Query
+    layout: Any = None  # the stage's own description of what it fed (infill: `InfillFeed`), for its `decide`
+    lookahead: Lookahead | None = None  # the next plan riding along (verification stages)
+
+
+@dataclass(frozen=True)
+class ExaminedPart:
+    """A run of one row's logits that one stage examines: `width` logits rows from `start` (the stage's own
+    logits, or a plan riding along after them)."""
+
+    state: SequenceState
+    fed: StageQuery
+    unit: StageUnit
+    row: int  # in the forward's batch
+    start: int
+    width: int
+    pool: list[int] | None  # plans: the slots planned (None otherwise)
+    ahead: bool = False  # a plan riding along a verification
+
+    def group_key(self) -> tuple:
+        """Parts with equal keys are examined in one batched op."""
+        stage = self.unit.stage
+        return (stage, self.width) if self.unit.batched(self.state.policy) else (stage, self.width, self.row)
+
+
+class StageUnit:
+    """One stage of the decoding loop (see the module docstring)."""
+
+    stage: Stage
+
+    def batched(self, policy: DraftPolicy) -> bool:
+        """Whether rows of this stage and one width are examined in one batched op."""
+        return False
+
+    def query(self, state: SequenceState) -> StageQuery:
+        raise NotImplementedError
+
+    def examine(self, parts: list[ExaminedPart], logits: torch.Tensor) -> tuple[torch.LongTensor, list]:
+        raise NotImplementedError
+
+    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------------------------ shared tensor helpers
+@functools.lru_cache(maxsize=64)
+def causal(length: int, device: torch.device) -> torch.BoolTensor:
+    """[length, length] lower-triangular True. Shared (cached per shape): read it, never write into it."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
+def next_token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
+    """scores: [..., n, V] (log-)scores at each position; returns [..., n] where entry j (j >= 1) is the
+    probability of tokens[..., j] given the position before it (softmax of that position's scores). Entry 0 is
+    undefined (set to 0)."""
+    gathered = DraftPolicy.token_probs(scores[..., :-1, :], tokens[..., 1:])
+    first = torch.zeros(tokens[..., :1].shape, dtype=gathered.dtype, device=gathered.device)
+    return torch.cat([first, gathered], dim=-1)
+
+
+def prefix_length(accepted: torch.BoolTensor) -> torch.LongTensor:
+    """Length of the leading run of True along the last dimension."""
+    return accepted.long().cumprod(-1).sum(-1)
+
+
+def first_true(mask: torch.BoolTensor) -> torch.LongTensor:
+    """Index of the first True along the last dimension; its size where there is none."""
+    return torch.where(mask.any(-1), mask.long().argmax(-1), mask.shape[-1])
+
+
+def after_context(state: SequenceState, query: Query, sees_context: torch.BoolTensor | None = None) -> Query:
+    """`query` after the tokens still to be cached (a revised block's kept tokens, re-fed in position order after a
+    revision dropped the block's entries): causal among themselves; query token i sees context token j where
+    `sees_context[i, j]` ([q, c]; None: every one)."""
+    context, c, q = state.context, state.num_context(), query.tokens.shape[0]
+    visible = torch.zeros(c + q, c + q, dtype=torch.bool, device=state.device)
+    visible[:c, :c] = causal(c, state.device)
+    visible[c:, :c] = True if sees_context is None else sees_context
+    visible[c:, c:] = query.visible
+
+    def extend(ranges):  # context tokens: the empty range
+        return None if ranges is None else torch.cat([ranges.new_zeros(c, 2), ranges])
+
+    tokens, positions = torch.cat([context, query.tokens]), torch.cat([state.context_positions, query.positions])
+    return Query(tokens, positions, visible, c, extend(query.pending_view), extend(query.hidden))
+
+
+def constrained_scores(policy: DraftPolicy, logits: torch.Tensor, offsets) -> torch.Tensor:
+    """logits [R, W, V] -> constrained scores [R * W, V]; `offsets()` gives the answer offset each logits row
+    predicts (a host list; only called when a positional constraint needs it: off the hot path otherwise)."""
+    offsets = torch.tensor(offsets(), device=logits.device) if policy.positional else None
+    return policy.scores(logits.flatten(0, 1), offsets)
