@@ -5,8 +5,10 @@ The embedded model (`default_model_path()` of the imported package) in `--dtype`
 synthetic test prompts through the chat template, left-padded into batches of each `--batch-sizes`. Per batch size:
 one warm-up pass over all batches, then `--repeats` passes, each batch timed by its fastest call. Forward hooks on
 the model time the per-call setup: from the call to the first forward's start (config merge, checks, processors,
-criteria, draft policy, prefill preparation) and from the last forward's end to the return (output building).
-Only the public API of the package is used (loading, synthetic tasks, `generate()`), so any commit of it runs.
+criteria, draft policy, the decoder's own preparation) and from the last forward's end to the return (the last
+step's decisions, output building); and, through the module-level `decode_batch` that `refusion_generate` calls,
+`generate()`'s own setup before and after the decoding loop. Otherwise only the public API of the package is used
+(loading, synthetic tasks, `generate()`), so any commit of it runs.
 
     PYTHONPATH=src python benchmarks/generate_ab_worker.py --dtype bfloat16 --batch-sizes 1,4,16
 """
@@ -14,6 +16,7 @@ Only the public API of the package is used (loading, synthetic tasks, `generate(
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import time
@@ -27,16 +30,27 @@ from refusion_hf.modeling.loading import default_model_path, load_model_and_toke
 
 class CallClock:
     """Forward pre- and post-hooks on the model: the start of the first forward and the end of the last one of a
-    call, and the number of forwards."""
+    call, and the number of forwards. Where `refusion_generate` calls a module-level `decode_batch` (every version
+    so far), also when the decoding loop is entered and left: `generate()`'s own setup, apart from the decoder's."""
 
     def __init__(self, model):
-        self.first_start = self.last_end = None
-        self.forwards = 0
+        self.reset()
         model.register_forward_pre_hook(self._pre)
         model.register_forward_hook(self._post)
+        self.module = importlib.import_module("refusion_hf.generation.refusion_generate")
+        decode_batch = getattr(self.module, "decode_batch", None)
+        if decode_batch is not None:
+
+            def timed(*args, **kwargs):
+                self.decode_start = time.perf_counter()
+                result = decode_batch(*args, **kwargs)
+                self.decode_end = time.perf_counter()
+                return result
+
+            self.module.decode_batch = timed
 
     def reset(self) -> None:
-        self.first_start = self.last_end = None
+        self.first_start = self.last_end = self.decode_start = self.decode_end = None
         self.forwards = 0
 
     def _pre(self, module, args):
@@ -63,7 +77,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,4,16", help="comma-separated")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -77,6 +91,7 @@ def main() -> None:
         batches = [left_pad(prompts[i : i + batch_size], pad) for i in range(0, len(prompts), batch_size)]
         best = [float("inf")] * len(batches)
         before, after, tokens, forwards = [], [], [], []
+        own_before, own_after = [], []  # generate() before / after its decoding loop
         for run in range(1 + args.repeats):  # run 0 warms up
             for index, (ids, mask) in enumerate(batches):
                 clock.reset()
@@ -92,13 +107,21 @@ def main() -> None:
                 best[index] = min(best[index], end - start)
                 before.append(clock.first_start - start)
                 after.append(end - clock.last_end)
+                if clock.decode_start is not None:
+                    own_before.append(clock.decode_start - start)
+                    own_after.append(end - clock.decode_end)
         rows.append(
             {
                 "batch_size": batch_size,
                 "seconds": sum(best),
+                "batch_seconds": best,
                 "setup_ms_per_call": {
                     "before_first_forward": 1000 * statistics.median(before),
                     "after_last_forward": 1000 * statistics.median(after),
+                },
+                "generate_setup_ms_per_call": {
+                    "before_decode_batch": 1000 * statistics.median(own_before) if own_before else None,
+                    "after_decode_batch": 1000 * statistics.median(own_after) if own_after else None,
                 },
                 "forward_passes": sum(forwards),
                 "tokens": tokens,
