@@ -33,8 +33,6 @@ OVERSIZED_MODULES = {
         "each refusing by name before any heavy work",
     ),
 }
-# Core modules over the limit until issue 28's split lands (the lead removes these marks).
-BEING_SPLIT = {"generation/refusion_generate.py"}
 
 GENERATED_HEADER = re.compile(
     r"^# Generated from (?P<source>refusion_hf(?:\.\w+)+) by (?P<generator>refusion_hf(?:\.\w+)+) .*"
@@ -45,12 +43,6 @@ MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?
 
 def _modules():
     return sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py") if "assets" not in path.parts)
-
-
-def _size_case(module: str):
-    if module in BEING_SPLIT:
-        return pytest.param(module, marks=pytest.mark.xfail(strict=False, reason="issue 28: being split"))
-    return module
 
 
 def _line_count(path: Path) -> int:
@@ -134,7 +126,7 @@ def test_readme_shows_the_commands_ci_and_the_demo_run():
     assert {"test", "demo"} <= targets
 
 
-@pytest.mark.parametrize("module", [_size_case(module) for module in _modules()])
+@pytest.mark.parametrize("module", _modules())
 def test_module_size(module):
     lines = _line_count(PACKAGE / module)
     if module in OVERSIZED_MODULES:
@@ -147,7 +139,6 @@ def test_module_size(module):
 
 def test_core_packages_have_no_size_exception():
     assert not [module for module in OVERSIZED_MODULES if module.split("/")[0] in CORE_PACKAGES]
-    assert all(module.split("/")[0] in CORE_PACKAGES for module in BEING_SPLIT)
 
 
 @pytest.mark.parametrize("path", _generated_files(), ids=lambda path: path.relative_to(EMBEDDED_MODEL).as_posix())

@@ -7,7 +7,7 @@ from lm_eval.models.utils_hf import stop_sequences_criteria
 from transformers import AutoTokenizer, GenerationConfig, StoppingCriteria, StoppingCriteriaList, TextStreamer
 from transformers.generation import WatermarkingConfig
 
-from refusion_hf.generation.refusion_generate import ARGUMENT_SUPPORT, HONOURED, INERT
+from refusion_hf.generation.generate_arguments import ARGUMENT_SUPPORT, HONOURED, INERT
 
 PROMPT = torch.tensor([[32, 24, 53, 31, 52, 63, 5, 38]])
 KNOBS = dict(max_new_tokens=24, slot_size=4, block_size=8, slot_threshold=0.6, token_threshold=0.3)

@@ -62,7 +62,8 @@ from transformers.cli.serving.utils import (
     split_revision,
 )
 
-from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config, refuse_unsupported
+from ..generation.generate_arguments import refuse_unsupported
+from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config
 from ..generation.refusion_generation_config import sampling_arguments
 from ..modeling.modeling_refusion import RefusionForCausalLM
 

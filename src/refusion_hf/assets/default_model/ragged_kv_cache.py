@@ -76,10 +76,13 @@ class RaggedKVCache:
             self.cache.crop(-cut)  # DynamicCache's crop takes the number of entries to remove, negated
         index = torch.arange(width, device=device)[None, :]  # [1, width]
         self.valid = torch.cat([self.valid, (index >= starts[:, None]) & (index < stops[:, None])], dim=1)
-        positions = [
-            F.pad(query.positions, (start, max(0, width - start - query.positions.shape[0])), value=-1)[:width]
-            for (start, _), query in zip(spans, queries)
-        ]
+        if all(start == 0 and query.positions.shape[0] >= width for (start, _), query in zip(spans, queries)):
+            positions = [query.positions[:width] for query in queries]  # no left padding (always so at batch 1)
+        else:
+            positions = [
+                F.pad(query.positions, (start, max(0, width - start - query.positions.shape[0])), value=-1)[:width]
+                for (start, _), query in zip(spans, queries)
+            ]
         self.positions = torch.cat([self.positions, torch.stack(positions)], dim=1)
         for row, (_, kept) in enumerate(spans):
             added = sum(length for _, length, _ in kept.pending)

@@ -238,14 +238,15 @@ class SequenceState:
 
     def revisable_slots(self) -> list[int]:
         """The current block's slots a revision may re-score: written, wholly inside the answer and before its EOS
-        (the EOS and what it ended stay as decided), with a position revised fewer than `MAX_REVISIONS` times."""
+        (the EOS and what it ended stay as decided), whose last position was remasked fewer than `MAX_REVISIONS`
+        times (a revision remasks from a token to the end of its slot)."""
         k = self.settings.slot_size
         slots = []
         for slot in self.block_slots(self.block):
             start, end = slot * k, (slot + 1) * k
             if end > self.answer_length or (self.first_eos is not None and end > self.first_eos):
                 continue
-            if all(self.written[start:end]) and min(self.revisions[start:end]) < MAX_REVISIONS:
+            if all(self.written[start:end]) and self.revisions[end - 1] < MAX_REVISIONS:  # a cut ends the slot
                 slots.append(slot)
         return slots
 

@@ -1,0 +1,229 @@
+"""Which stock `generate()` arguments ReFusion decoding honours, and the checks every call's inputs pass first.
+
+`ARGUMENT_SUPPORT` classifies every `GenerationConfig` field (honoured, inert, or refused with the reason);
+`refuse_unsupported` raises the `ValueError` naming the first argument set to anything it cannot honour. The input
+checks turn what stock `generate` would meet as a `TypeError` / `IndexError` deep in a forward into a `ValueError`
+naming the argument. transformers does the rest: its own `GenerationConfig.validate` and `GenerationMixin`'s
+preparation (refusion_generate.py calls them).
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from .refusion_generation_config import NEVER_ID, REFUSION_FIELDS, RefusionGenerationConfig
+
+HONOURED = "honoured"
+INERT = "inert"  # only read by decoding modes ReFusion refuses anyway (beam search, assisted decoding, ...)
+
+# How ReFusion decoding treats every stock `GenerationConfig` field: HONOURED, INERT, or the reason it is refused
+# when set to anything but its neutral value (None or the stock default).
+ARGUMENT_SUPPORT: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "max_length", "max_new_tokens", "min_length", "min_new_tokens", "max_time", "stop_strings",
+            "do_sample", "temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff",
+            "eta_cutoff", "bad_words_ids", "sequence_bias", "suppress_tokens", "begin_suppress_tokens",
+            "renormalize_logits", "remove_invalid_values", "num_return_sequences", "return_dict_in_generate",
+            "pad_token_id", "bos_token_id", "eos_token_id",
+        ),
+        HONOURED,
+    ),
+    **dict.fromkeys(
+        (
+            "early_stopping", "length_penalty", "num_assistant_tokens", "num_assistant_tokens_schedule",
+            "assistant_confidence_threshold", "max_matching_ngram_size", "assistant_lookbehind", "target_lookbehind",
+            "assistant_ensemble_weight", "is_assistant", "speculation_type", "decoder_start_token_id",
+            "compile_config", "disable_compile", "max_cache_len", "cache_config", "continuous_batching_config",
+            "low_memory", "_from_model_config", "transformers_version",
+        ),
+        INERT,
+    ),
+    "num_beams": "beam search",
+    "num_beam_groups": "group beam search",
+    "diversity_penalty": "group beam search",
+    "constraints": "constrained beam search",
+    "force_words_ids": "constrained beam search",
+    "penalty_alpha": "contrastive search",
+    "dola_layers": "DoLa decoding",
+    "use_mtp": "multi-token-prediction assisted decoding",
+    "prompt_lookup_num_tokens": "prompt-lookup assisted decoding",
+    "assistant_early_exit": "self-speculative assisted decoding",
+    "cache_implementation": "ReFusion keeps its own ragged dynamic cache",
+    "prefill_chunk_size": "ReFusion prefills each prompt in its first forward",
+    "repetition_penalty": "it depends on the tokens before each position, which out-of-order drafts do not have",
+    "encoder_repetition_penalty": "encoder-decoder models only",
+    "no_repeat_ngram_size": "it depends on the tokens before each position, which out-of-order drafts do not have",
+    "encoder_no_repeat_ngram_size": "encoder-decoder models only",
+    "forced_bos_token_id": "it forces a token at a given sequence length, which out-of-order drafts do not have",
+    "forced_eos_token_id": "it forces a token at a given sequence length, which out-of-order drafts do not have",
+    "exponential_decay_length_penalty": "it depends on the current sequence length",
+    "token_healing": "it rewrites the prompt's last token, which ReFusion's cache has already committed",
+    "guidance_scale": "classifier-free guidance needs a second, unconditional decode",
+    "watermarking_config": "watermarks are seeded by the previous token",
+    "use_cache": "it reuses the KV cache of every committed token by design",
+    "output_attentions": "its forwards score drafts, not the answer",
+    "output_hidden_states": "its forwards score drafts, not the answer",
+    "output_scores": "ReFusion scores several positions per step, not one per token",
+    "output_logits": "ReFusion scores several positions per step, not one per token",
+}  # fmt: skip
+
+# Neutral values of refused fields besides None: what stock `generate` does when the field is unset.
+_NEUTRAL = {
+    **GenerationConfig._get_default_generation_params(),
+    "guidance_scale": 1.0,
+    "use_cache": True,
+    "cache_implementation": "dynamic",
+    "output_attentions": False,
+    "output_hidden_states": False,
+}
+REFUSE_SUFFIX = "pass `decoding='autoregressive'` to use it with ordinary left-to-right decoding of the same weights."
+
+
+def _is_neutral(name: str, value) -> bool:
+    return value is None or (name in _NEUTRAL and value == _NEUTRAL[name])
+
+
+def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, stock_arguments: dict) -> None:
+    """`ValueError` for the first argument ReFusion decoding cannot honour."""
+    for name, support in ARGUMENT_SUPPORT.items():
+        value = getattr(config, name, None)
+        if support not in (HONOURED, INERT) and not _is_neutral(name, value):
+            raise ValueError(f"`{name}={value!r}` is not supported by ReFusion decoding ({support}); {REFUSE_SUFFIX}")
+    for name, lengths in (("bad_words_ids", config.bad_words_ids), ("sequence_bias", config.sequence_bias)):
+        if lengths is not None:
+            words = lengths if name == "bad_words_ids" else _sequence_bias_keys(lengths)
+            if any(len(word) != 1 for word in words):
+                raise ValueError(
+                    f"`{name}` with sequences of more than one token is not supported by ReFusion decoding (whether a "
+                    f"sequence is completed depends on the tokens before each position); single tokens are. "
+                    f"{REFUSE_SUFFIX[0].upper()}{REFUSE_SUFFIX[1:]}"
+                )
+    reasons = {
+        "logits_processor": "custom processors may read the tokens before each position, which out-of-order drafts "
+        "do not have",
+        "prefix_allowed_tokens_fn": "it reads the tokens before each position",
+        "assistant_model": "assisted decoding",
+        "negative_prompt_ids": "classifier-free guidance",
+        "negative_prompt_attention_mask": "classifier-free guidance",
+        "synced_gpus": "ranks decode in lock step only in stock decoding; ReFusion ranks finish independently",
+    }
+    for name, reason in reasons.items():
+        value = stock_arguments[name]
+        if value is not None and not (name == "logits_processor" and len(value) == 0) and value is not False:
+            raise ValueError(f"`{name}` is not supported by ReFusion decoding ({reason}); {REFUSE_SUFFIX}")
+    if model_kwargs:
+        raise ValueError(
+            f"generate() got arguments that ReFusion decoding does not use: {sorted(model_kwargs)}. Its knobs are "
+            f"{sorted(REFUSION_FIELDS)} plus the stock generation-config fields (see docs/generate_arguments.md)."
+        )
+
+
+def _sequence_bias_keys(sequence_bias) -> list:
+    if isinstance(sequence_bias, dict):
+        return list(sequence_bias)
+    return [entry[0] for entry in sequence_bias]
+
+
+def check_generation_config(generation_config) -> None:
+    """`ValueError` unless `generation_config` is a `GenerationConfig` (or None), on both decoding paths (stock
+    generate fails on a dict with an `AttributeError`)."""
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise ValueError(
+            f"`generation_config` must be a `GenerationConfig` (or None), got {type(generation_config).__name__}: "
+            "pass `RefusionGenerationConfig(**fields)` (or `GenerationConfig(**fields)`), or give the fields as "
+            "keyword arguments."
+        )
+
+
+def check_integer_ids(name: str, ids: torch.Tensor) -> None:
+    """`ValueError` unless the tensor `ids` holds integers (float, complex and bool tensors are not token ids)."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+
+
+def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig, vocab_size: int) -> None:
+    """`ValueError` for prompts and token ids that are not ids of this model. With `decoding="autoregressive"`
+    special ids may be negative, as stock generate allows (`eos_token_id=-1`: never stop)."""
+    if input_ids is None:
+        raise ValueError(
+            "ReFusion decoding needs `input_ids` (the prompts as token ids: its decoder feeds prompts and canvases "
+            "as tokens); `inputs_embeds` alone works with `decoding='autoregressive'`."
+        )
+    if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
+        raise ValueError("`input_ids` must be a 2-D tensor of token ids, shape (batch_size, prompt_length).")
+    check_integer_ids("input_ids", input_ids)
+    if input_ids.shape[0] == 0:
+        raise ValueError("`input_ids` is an empty batch: pass at least one prompt.")
+    if input_ids.shape[1] == 0:
+        raise ValueError("`input_ids` has no tokens: pass a prompt of at least one token.")
+    if attention_mask is not None:
+        if not torch.is_tensor(attention_mask) or attention_mask.shape != input_ids.shape:
+            shape = tuple(attention_mask.shape) if torch.is_tensor(attention_mask) else type(attention_mask).__name__
+            raise ValueError(
+                f"`attention_mask` has shape {shape} but `input_ids` has {tuple(input_ids.shape)}; they must match."
+            )
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (prompt token).")
+    real = input_ids if attention_mask is None else input_ids[attention_mask.bool()]
+    low, high = torch.stack(torch.aminmax(real)).tolist() if real.numel() else (0, 0)  # one host read
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`input_ids` holds ids outside the vocabulary (0 .. {vocab_size - 1}): min {low}, max {high}."
+        )
+    eos = config.eos_token_id
+    named = {
+        "pad_token_id": [config.pad_token_id],
+        "bos_token_id": [config.bos_token_id],
+        "mask_token_id": [config.mask_token_id],
+        "eos_token_id": eos if isinstance(eos, (list, tuple)) else [eos],
+        "suppress_tokens": config.suppress_tokens or [],
+        "begin_suppress_tokens": config.begin_suppress_tokens or [],
+    }
+    lowest = NEVER_ID if config.decoding == "autoregressive" else 0  # stock reads a negative id as "none"
+    for name, ids in named.items():
+        outside = [i for i in ids if i is not None and not lowest <= i < vocab_size]
+        if outside:
+            raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
+
+
+def check_left_padding(input_ids, attention_mask, config: RefusionGenerationConfig) -> torch.LongTensor:
+    """The attention mask, after ReFusion's own input checks."""
+    mask = attention_mask.bool()
+    if (mask[:, 1:] < mask[:, :-1]).any():
+        raise ValueError(
+            "`attention_mask` shows right padding (a 0 after a 1); ReFusion generation needs left padding: "
+            "set `tokenizer.padding_side = 'left'`."
+        )
+    if not mask.any(1).all():
+        raise ValueError("A row of `attention_mask` is all zeros: every prompt needs at least one token.")
+    if config.mask_token_id is None:
+        raise ValueError(
+            "ReFusion decoding needs a mask token, but `config.mask_token_id` is not set. Set it to the id of "
+            "`<|mask|>` (e.g. `model.config.mask_token_id = tokenizer.mask_token_id`), or pass `mask_token_id=`; "
+            "`refusion convert` adds the token to an autoregressive checkpoint."
+        )
+    if config.eos_token_id is None or config.eos_token_id == []:
+        raise ValueError(
+            "ReFusion decoding needs an EOS token: pass `eos_token_id=` or set `generation_config.eos_token_id`."
+        )
+    for name, ids in (("eos_token_id", eos_token_ids(config)), ("pad_token_id", [config.pad_token_id])):
+        if config.mask_token_id in ids:
+            raise ValueError(
+                f"`{name}` equals the mask token id ({config.mask_token_id}): ReFusion decoding fills the answer's "
+                "masks with drafts, so the mask can be neither the end of an answer nor its padding. Pass the "
+                f"tokenizer's own `{name}` (or another `mask_token_id`)."
+            )
+    if (input_ids[mask] == config.mask_token_id).any():
+        raise ValueError(
+            f"`input_ids` contains the mask token (id {config.mask_token_id}); prompts must not contain `<|mask|>`."
+        )
+    return attention_mask.long()
+
+
+def eos_token_ids(config: GenerationConfig) -> tuple[int, ...]:
+    eos = config.eos_token_id
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
