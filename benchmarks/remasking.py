@@ -21,10 +21,12 @@ off, at >= 2x). Multi-slot settings are chosen and judged the same way, so they 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from heldout_comparison import HELD_OUT_SEEDS, RATIO, ROOT, TUNING_SEEDS, eval_flags, side_by_side
 from results_file import write_results
@@ -132,7 +134,7 @@ def summarize(rows: list[dict]) -> dict:
     """One group of seeds at one setting: mean accuracies, speed ratios, revision figures."""
     return {
         "seeds": [r["seed"] for r in rows],
-        "mean_accuracy": statistics.fmean(r["refusion_accuracy"] for r in rows),
+        "mean_accuracy": round(statistics.fmean(r["refusion_accuracy"] for r in rows), 9),  # no float-noise ties
         "mean_baseline_accuracy": statistics.fmean(r["baseline_accuracy"] for r in rows),
         "mean_points_behind": round(statistics.fmean(r["points_behind"] for r in rows), 2),
         "min_speedup": min(r["speedup"] for r in rows),
@@ -165,6 +167,12 @@ def gap_closed(rows: list[dict], off_rows: list[dict]) -> float | None:
     return gained / gap if gap > 0 else None
 
 
+def more_accurate(a: float, b: float) -> bool:
+    """`a` above `b` by more than float noise (means of per-seed accuracies: equal counts may differ in the last
+    bit)."""
+    return round(a, 9) > round(b, 9)
+
+
 def recommend(summaries: dict[str | None, dict]) -> float | None:
     """The threshold to recommend from one slot setting's tuning-seed summaries (keyed by threshold, None = off):
     the most accurate (ties: the higher median speedup) of those more accurate than revision off at >= RATIO times
@@ -173,9 +181,11 @@ def recommend(summaries: dict[str | None, dict]) -> float | None:
     if off is None:
         return None
     helping = [
-        (s["mean_accuracy"], s["median_speedup"], threshold)
+        (round(s["mean_accuracy"], 9), s["median_speedup"], threshold)
         for threshold, s in summaries.items()
-        if threshold is not None and s["mean_accuracy"] > off["mean_accuracy"] and s["min_speedup"] >= RATIO
+        if threshold is not None
+        and more_accurate(s["mean_accuracy"], off["mean_accuracy"])
+        and s["min_speedup"] >= RATIO
     ]
     return max(helping)[2] if helping else None
 
@@ -223,6 +233,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=60)
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "remasking.json"))
+    parser.add_argument("--from-runs", help="a results JSON of this script: summarize and choose again from its runs "
+                        "(the grid flags must name what it ran), measuring nothing")  # fmt: skip
     args, extra_flags = parser.parse_known_args()
     extra_flags = [flag for flag in extra_flags if flag != "--"]
     if any(t is not None for t in args.thresholds) and not revision_available():
@@ -237,14 +249,20 @@ def main() -> None:
     settings = [Setting(slots, threshold) for slots in args.slot_settings for threshold in args.thresholds]
 
     start = time.perf_counter()
-    rows = []
+    rows, measured = [], {}
+    if args.from_runs:  # the measured runs (with their extra forwards) of an earlier invocation
+        earlier = json.loads(Path(args.from_runs).read_text())
+        rows = earlier["runs"]
+        measured = {"measured_by": earlier["command"], "measured_wall_seconds": earlier["wall_seconds"]}
+        settings, groups = [], {g: s for g, s in groups.items() if any(r["group"] == g for r in rows)}
     for group, seeds in groups.items():
         for seed in seeds:
             for setting in settings:
                 rows.append(measure(args, setting, group, seed, flags))
                 print({k: rows[-1][k] for k in ("group", "seed", "slots", "remask_threshold", "refusion_accuracy",
                                                 "baseline_accuracy", "speedup")}, file=sys.stderr)  # fmt: skip
-    add_extra_forwards(rows)
+    if not args.from_runs:
+        add_extra_forwards(rows)
 
     summary: dict = {}
     for group, seeds in groups.items():
@@ -273,7 +291,7 @@ def main() -> None:
             chosen, off = held_out[best], held_out[None]
             fast = chosen["min_speedup"] >= RATIO
             verdict["held_out"] = chosen
-            verdict["helps_on_held_out"] = chosen["mean_accuracy"] > off["mean_accuracy"] and fast
+            verdict["helps_on_held_out"] = more_accurate(chosen["mean_accuracy"], off["mean_accuracy"]) and fast
             verdict["goal_met"] = fast and (chosen["gap_closed_vs_installed_off"] or 0.0) >= GOAL_GAP_CLOSED
         choice[slots] = verdict
     installed = choice.get(INSTALLED, {})
@@ -295,6 +313,7 @@ def main() -> None:
             "summary": summary,
             "runs": rows,
             "wall_seconds": round(time.perf_counter() - start, 1),
+            **measured,
         },
         args.out,
     )

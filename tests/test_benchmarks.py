@@ -137,6 +137,9 @@ def test_remasking_chooses_the_threshold_on_tuning_seeds_by_accuracy_at_twice_th
     assert remasking.recommend(tuning) == 0.3  # 0.2 is the most accurate but below 2x on a seed; 0.3 ties 0.1, faster
     assert remasking.recommend({None: summary(0.90, 3.6), 0.1: summary(0.90, 3.0)}) is None  # not more accurate
     assert remasking.recommend({0.1: summary(0.95, 3.0)}) is None  # nothing to compare with
+    # The same correct answers in another order of seeds: means that differ in the last bit are a tie, not a gain.
+    tie = {None: summary((0.875 + 0.95) / 2, 3.6), 0.1: summary((0.9 + 0.925) / 2, 3.0)}
+    assert tie[0.1]["mean_accuracy"] > tie[None]["mean_accuracy"] and remasking.recommend(tie) is None
 
     def row(seed, accuracy, baseline=1.0):
         return {"seed": seed, "refusion_accuracy": accuracy, "baseline_accuracy": baseline}
@@ -164,9 +167,10 @@ def test_remasking_refuses_a_bad_grid_before_running_anything(arguments, message
 
 
 def test_remasking_refuses_thresholds_where_the_decoder_cannot_revise(monkeypatch, capsys):
+    """Run against a checkout whose decoder has no knob (as before issue 31), the grid is refused in one line."""
     remasking = _import_benchmark("remasking")
-    if remasking.revision_available():
-        pytest.skip("this checkout's decoder has the remask_threshold knob")
+    assert remasking.revision_available()  # this checkout's decoder has it
+    monkeypatch.setattr(remasking, "revision_available", lambda: False)
     monkeypatch.setattr(sys, "argv", ["remasking.py", "--thresholds", "none,0.2"])
     with pytest.raises(SystemExit) as exit_info:
         remasking.main()
