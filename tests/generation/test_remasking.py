@@ -122,3 +122,48 @@ def test_revision_keeps_the_contract_and_a_batched_row_equals_the_row_alone(mode
         assert alone.commit_step[0, :n].tolist() == batched.commit_step[row, :n].tolist()
         assert alone.forward_passes_per_row[0] == batched.forward_passes_per_row[row]
         assert alone.revised_tokens[0] == batched.revised_tokens[row]
+
+
+# ------------------------------------------------------------------------- the generate contract with revision on
+KNOBS = dict(
+    max_new_tokens=24, slot_size=2, block_size=8, slot_threshold=0.6, token_threshold=0.3, remask_threshold=0.9
+)
+PROMPTS = [[32, 24, 53, 31, 52, 63, 5, 38], [7, 19, 44], [12, 50, 9, 27, 61]]
+
+
+def test_streamers_see_only_final_tokens_with_revision_on(model64):
+    """A streamed token is never taken back: pieces arrive as blocks close, and together they are the answer."""
+    from tests.generation.test_streaming import Recorder, answer
+
+    prompt = torch.tensor([PROMPTS[0]])
+    recorder = Recorder(with_drafts=False)
+    out = model64.generate(prompt, streamer=recorder, return_dict_in_generate=True, **KNOBS)
+    assert int(out.revised_tokens[0]) > 0, "the threshold is high enough to revise on this prompt"
+    streamed = [token for piece in recorder.puts[1:] for token in piece]
+    assert streamed == answer(out.sequences[0], prompt.shape[1]) and recorder.ended
+    assert len(recorder.puts) > 2, "pieces arrive block by block"
+
+
+def test_sampling_with_revision_on_keeps_the_contract_and_is_reproducible(model64):
+    def sample(seed):
+        torch.manual_seed(seed)
+        ids = torch.tensor([PROMPTS[0]])
+        return model64.generate(ids, do_sample=True, temperature=1.5, return_dict_in_generate=True, **KNOBS)
+
+    first, again = sample(0), sample(0)
+    assert torch.equal(first.sequences, again.sequences)
+    tokens, n = first.sequences[0, len(PROMPTS[0]) :].tolist(), int(first.answer_lengths[0])
+    assert MASK not in tokens[:n] and all(t == PAD for t in tokens[n:]) and EOS not in tokens[: n - 1]
+
+
+def test_continuous_batching_with_revision_on_equals_each_request_alone(model64):
+    """`generate_batch` (a continuous batch of 2 rows for 3 requests) decodes each request as `generate` alone."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    batch = model64.generate_batch(
+        PROMPTS, continuous_batching_config=ContinuousBatchingConfig(max_requests_per_batch=2), **KNOBS
+    )
+    for index, prompt in enumerate(PROMPTS):
+        alone = model64.generate(torch.tensor([prompt]), return_dict_in_generate=True, **KNOBS)
+        n = int(alone.answer_lengths[0])
+        assert batch[f"req_{index}"].generated_tokens == alone.sequences[0, len(prompt) : len(prompt) + n].tolist()
