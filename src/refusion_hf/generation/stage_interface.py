@@ -13,7 +13,8 @@ A stage is a `StageUnit` with three methods, called once per forward for every r
                                                  decision, the state advanced, and what of the query keeps its KV
 
 `stages.STAGES` maps each `Stage` to its unit; `stages.py` drives one row through one forward with them. The
-stages themselves are in `plan_and_verify.py` and `infill.py`; tensor helpers they share are here.
+stages themselves are in `plan_and_verify.py`, `infill.py` and `revision.py`; what they share is here (tensor
+helpers, and re-feeding a revised block's tokens before a query: `after_context`).
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """

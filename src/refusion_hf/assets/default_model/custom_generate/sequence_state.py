@@ -3,9 +3,9 @@
 in flight, and the stage it is in (docs/design.md §3).
 
 This module owns the state and the operations every stage shares on it (committing slots, ending the answer at an
-EOS or a stopping criterion's cut, moving to the next block). It does no model work: the stages (`stages.py`,
-`plan_and_verify.py`, `infill.py`) build queries from this state and decide from the logits; the batch scheduler
-(`batch_scheduler.py`) runs the forwards.
+EOS or a stopping criterion's cut, taking tokens back for a revision, closing a block and moving to the next). It
+does no model work: the stages (`stages.py`, `plan_and_verify.py`, `infill.py`, `revision.py`) build queries from
+this state and decide from the logits; the batch scheduler (`batch_scheduler.py`) runs the forwards.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
