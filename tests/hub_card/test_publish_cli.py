@@ -119,11 +119,14 @@ def test_cli_publishes_official_checkpoint_in_our_format(capsys, tmp_path):
 def test_every_decoding_knob_flag_is_written_to_the_generation_config(capsys, tmp_path):
     # The flags are derived from the generation config's fields (one per DECODING_KNOBS entry), --no-plan-ahead too.
     flags = ["--slot-size", "4", "--block-size", "8", "--slot-threshold", "0.7", "--token-threshold", "0.2"]
+    flags += ["--remask-threshold", "0.4"]
     code, _, _ = run_cli(capsys, "--model", FIXTURE, "--out", tmp_path / "out", *flags, "--no-plan-ahead")
     assert code == 0
     generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
     written = {name: generation[name] for name in DECODING_KNOBS}
-    assert written == dict(slot_size=4, block_size=8, slot_threshold=0.7, token_threshold=0.2, plan_ahead=False)
+    assert written == dict(
+        slot_size=4, block_size=8, slot_threshold=0.7, token_threshold=0.2, plan_ahead=False, remask_threshold=0.4
+    )
 
 
 def test_cli_push_uploads_the_folder_through_hfapi(capsys, tmp_path, monkeypatch, inputs_dir):
