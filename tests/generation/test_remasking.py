@@ -75,8 +75,7 @@ def test_a_position_is_revised_at_most_max_revisions_times(model64):
     class Restless(ScriptedForward):
         def _predict(self, belief, query, i, index):
             if query.hidden is not None and int(query.tokens[i]) == MASK:  # a re-score's mask: something else
-                written = 30 + len(self.calls)
-                return self.peaked(written, 0.9)
+                return self.peaked(30 + len(self.calls), 0.9)  # a new token at every re-score
             return super()._predict(belief, query, i, index)
 
     forward = Restless([Belief(answer(length=4))], model64.config.vocab_size, 2)
@@ -151,7 +150,7 @@ def test_sampling_with_revision_on_keeps_the_contract_and_is_reproducible(model6
         return model64.generate(ids, do_sample=True, temperature=1.5, return_dict_in_generate=True, **KNOBS)
 
     first, again = sample(0), sample(0)
-    assert torch.equal(first.sequences, again.sequences)
+    assert torch.equal(first.sequences, again.sequences) and int(first.revised_tokens[0]) > 0
     tokens, n = first.sequences[0, len(PROMPTS[0]) :].tolist(), int(first.answer_lengths[0])
     assert MASK not in tokens[:n] and all(t == PAD for t in tokens[n:]) and EOS not in tokens[: n - 1]
 

@@ -29,6 +29,7 @@ from .stage_interface import (
     Lookahead,
     StageQuery,
     StageUnit,
+    after_context,
     causal,
     constrained_scores,
     first_true,
@@ -41,11 +42,8 @@ ALL_PENDING = (0, 2**62)  # `Query.pending_view` of a token that sees every pend
 
 def _with_context(state: SequenceState, tokens: torch.LongTensor, positions: torch.LongTensor) -> Query:
     """A causal query of `tokens`, after the tokens still to be cached (the prompt, on the first forward)."""
-    context = state.context
-    if context is not None:
-        tokens = torch.cat([context, tokens])
-        positions = torch.cat([state.context_positions, positions])
-    return Query(tokens, positions, causal(tokens.shape[0], state.device), num_context=state.num_context())
+    query = Query(tokens, positions, causal(tokens.shape[0], state.device))
+    return query if state.context is None else after_context(state, query)
 
 
 # ------------------------------------------------------------------------------------------------- PLAN

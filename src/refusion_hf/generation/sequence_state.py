@@ -148,7 +148,6 @@ class SequenceState:
         self.written = bytearray()  # 1 where the canvas holds a committed token (host-side: no device sync)
         self._prefix = 0  # committed positions 0 .. _prefix - 1 (grows, except when a revision takes tokens back)
         self.revisions = bytearray()  # per canvas position, how many times it was remasked (revision.py)
-        self.revised_tokens = 0  # positions remasked, in all
         # Canvas positions before `closed` are final. Without revision every committed token is; with it, a token
         # is final once its block is closed (revised, nothing more to revise): streamers and criteria lag a block.
         self.closed = 0 if settings.remask_threshold is not None else None
@@ -215,6 +214,11 @@ class SequenceState:
         closed block."""
         prefix = self.written_prefix
         return prefix if self.closed is None else min(prefix, self.closed)
+
+    @property
+    def revised_tokens(self) -> int:
+        """Positions remasked by revisions, in all (a position remasked twice counts twice)."""
+        return sum(self.revisions)
 
     def next_block_slots(self) -> list[int]:
         """The slots of the block after the current one; none when decoding ends with the current block."""
@@ -303,7 +307,6 @@ class SequenceState:
         self.written[start:end] = bytes(end - start)
         for position in range(start, end):
             self.revisions[position] += 1
-        self.revised_tokens += end - start
         self._prefix = min(self._prefix, start)
 
     def put(self, position: int, token: int) -> None:

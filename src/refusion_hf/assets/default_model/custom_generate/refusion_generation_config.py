@@ -177,9 +177,10 @@ KNOBS: tuple[DecodingKnob, ...] = (
     DecodingKnob(
         name="remask_threshold", type=float, default=None, low=0, low_open=True, high=1,
         help="Sub-slot remasking (off when unset): when a block's slots are all written, re-score each with the rest "
-        "of the block in view and remask from its first token whose probability is below this to the end of its "
-        "slot, to be decoded again (each position at most twice). Tokens are final, streamed and seen by stopping "
-        "criteria once their block is closed.",
+        "of the block in view; its first token whose probability is below this and that the re-score would not "
+        "choose is replaced by the re-score's choice, and the rest of its slot is decoded again (each position at "
+        "most twice; the slot holding the EOS is kept). Tokens are final, streamed and seen by stopping criteria "
+        "once their block is closed.",
     ),
 )  # fmt: skip
 
