@@ -23,20 +23,26 @@ import torch
 from .draft_policy import DraftPolicy
 from .plan_and_verify import with_lookahead
 from .sequence_state import Kept, Query, SequenceState, Stage
-from .stage_interface import ExaminedPart, StageQuery, StageUnit, after_context, causal, first_true, prefix_length
+from .stage_interface import ExaminedPart, StageQuery, StageUnit, after_context, causal
 
 
 @dataclass(frozen=True)
 class InfillFeed:
     """Which tokens of the chosen slots an infill query feeds, in query order (slot after slot; each slot from its
-    first token not yet fed, to its end): the stage's `StageQuery.layout`. Host lists and their device copies."""
+    first token not yet fed, to its end), and which of them the stage scores: the stage's `StageQuery.layout`."""
 
     segments: list[tuple[int, int, int]]  # (query offset, length, chosen slot) per fed slot
-    slot_index: torch.LongTensor  # [q] chosen slot of each query token
-    offset_index: torch.LongTensor  # [q] its index inside the slot
-    positions: torch.LongTensor  # [q] original positions
-    scored: torch.LongTensor  # [s] query tokens whose logits the stage reads (drafting: the masks; verifying:
-    # every token followed by another of its slot)
+    targets: list[tuple[int, int]]  # host: per scored query token, (chosen slot, index in the slot) of the token
+    # its logits predict (drafting: the mask itself; verifying: the token after it)
+    scored: torch.LongTensor  # [s] the scored query tokens (drafting: the masks; verifying: every token followed
+    # by another of its slot)
+    target_index: torch.LongTensor  # [s] their targets in the chosen slots' flattened tokens (slot * k + index)
+
+    def target_positions(self, state: SequenceState) -> torch.LongTensor:
+        """[s] the original position of each target (for positional constraints only: built when asked)."""
+        k, slots = state.settings.slot_size, state.chosen.slots
+        starts = [state.prompt_length + slots[slot] * k + offset for slot, offset in self.targets]
+        return torch.tensor(starts, dtype=torch.long, device=state.device)
 
 
 def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
@@ -44,7 +50,7 @@ def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
     drafting masks its unverified tail, verifying feeds the drafts. A slot sees its own pending entries and,
     causally, its own query tokens; nothing of the other chosen slots."""
     k, chosen = state.settings.slot_size, state.chosen
-    segments, slots, offsets, starts, scored = [], [], [], [], []
+    segments, slots, offsets, starts, scored, targets = [], [], [], [], [], []
     for i, start in enumerate(chosen.cached):
         if start == k:
             continue
@@ -53,20 +59,26 @@ def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
         slots += [i] * (k - start)
         offsets += range(start, k)
         starts += [state.prompt_length + chosen.slots[i] * k] * (k - start)
-        verified = chosen.verified[i]
-        scored += range(first + verified - start, first + k - start) if drafting else range(first, len(slots) - 1)
+        if drafting:  # the unverified tail: masks, each predicting itself
+            verified = chosen.verified[i]
+            scored += range(first + verified - start, first + k - start)
+            targets += [(i, j) for j in range(verified, k)]
+        else:  # every fed token but the slot's last, predicting the token after it
+            scored += range(first, len(slots) - 1)
+            targets += [(i, j) for j in range(start + 1, k)]
     q = len(slots)
-    # one host-to-device copy for the query's layout: [3, q] and the scored tokens
-    layout = torch.tensor(slots + offsets + starts + scored, dtype=torch.long, device=state.device)
+    # one host-to-device copy for the query's layout: [3, q], the scored tokens and their targets
+    flat_targets = [slot * k + offset for slot, offset in targets]
+    layout = torch.tensor(slots + offsets + starts + scored + flat_targets, dtype=torch.long, device=state.device)
     slot_index, offset_index = layout[:q], layout[q : 2 * q]
     positions = layout[2 * q : 3 * q] + offset_index
-    scored_index = layout[3 * q :]
+    scored_index, target_index = layout[3 * q : 3 * q + len(scored)], layout[3 * q + len(scored) :]
     tokens = chosen.tokens[slot_index, offset_index]
     if drafting:
         tokens = tokens.index_fill(0, scored_index, state.settings.mask_token_id)
     visible = (slot_index[:, None] == slot_index[None, :]) & causal(q, state.device)  # block-diagonal causal
     view = torch.stack([slot_index * k, (slot_index + 1) * k], dim=1)  # [q, 2]: the slot's own tags
-    feed = InfillFeed(segments, slot_index, offset_index, positions, scored_index)
+    feed = InfillFeed(segments, targets, scored_index, target_index)
     query = Query(tokens, positions, visible, pending_view=view)
     return StageQuery(query if state.context is None else after_context(state, query), feed)
 
@@ -80,9 +92,18 @@ class InfillDraftDecision(NamedTuple):
     ends: list[bool]
 
     @classmethod
-    def read(cls, values: list[int]) -> InfillDraftDecision:
-        n = len(values) // 2
-        return cls([bool(v) for v in values[:n]], [bool(v) for v in values[n:]])
+    def read(cls, values: list[int], feed: InfillFeed, state: SequenceState) -> InfillDraftDecision:
+        """`values`: per re-drafted token (`feed.targets`, the slots' unverified tails), whether it was drafted
+        above the token threshold, then whether it is an EOS."""
+        n, verified = len(state.chosen.slots), state.chosen.verified
+        confident, ends = [True] * n, [False] * n
+        m = len(feed.targets)
+        for (slot, offset), above, eos in zip(feed.targets, values[:m], values[m:]):
+            if offset > verified[slot] and not above:  # the first unverified token is accepted regardless
+                confident[slot] = False
+            if eos:
+                ends[slot] = True
+        return cls(confident, ends)
 
 
 class InfillDraftStage(StageUnit):
@@ -93,25 +114,21 @@ class InfillDraftStage(StageUnit):
 
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
         state, feed = parts[0].state, parts[0].fed.layout
-        k, chosen = state.settings.slot_size, state.chosen
-        rows = feed.scored  # [m] the masks, each predicting itself
-        scores = state.scores(logits[0, rows], lambda: feed.positions[rows])
-        proposals = state.policy.draw(scores)  # [m]
-        slot_index, offset_index = feed.slot_index[rows], feed.offset_index[rows]
-        chosen.tokens[slot_index, offset_index] = proposals
+        chosen = state.chosen
+        scores = state.scores(logits[0, feed.scored], lambda: feed.target_positions(state))  # [m, V]
+        proposals = state.policy.draw(scores)  # [m]: the masks, each predicting itself
+        chosen.tokens.view(-1)[feed.target_index] = proposals
         if not state.settings.plan_ahead:  # only planning ahead reads the draft probabilities
             return torch.zeros(1, 0, dtype=torch.long, device=state.device), [None]
-        chosen.draft_probs[slot_index, offset_index] = state.policy.token_probs(scores, proposals)
-        verified = torch.tensor(chosen.verified, device=state.device)
-        offset = torch.arange(k, device=state.device)[None, :] - verified[:, None]  # [n, k]: 0 = first unverified
-        confident = ((chosen.draft_probs > state.settings.token_threshold) | (offset <= 0)).all(-1)  # [n]
-        ends = (state.is_eos(chosen.tokens) & (offset >= 0)).any(-1)  # [n]
-        return torch.cat([confident, ends]).long()[None], [None]
+        probs = state.policy.token_probs(scores, proposals)
+        chosen.draft_probs.view(-1)[feed.target_index] = probs
+        read = torch.cat([probs > state.settings.token_threshold, state.is_eos(proposals)])
+        return read.long()[None], [None]
 
     def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
         k, chosen = state.settings.slot_size, state.chosen
         if state.settings.plan_ahead:
-            chosen.confident, chosen.ends = InfillDraftDecision.read(values)
+            chosen.confident, chosen.ends = InfillDraftDecision.read(values, fed.layout, state)
         # The context (after a revision) is committed; the verified tokens this query fed (before each slot's
         # masks) stay in the cache, pending for their slot.
         context = fed.query.num_context
@@ -135,9 +152,25 @@ class InfillVerifyDecision(NamedTuple):
     eos_in_slot: list[int]
 
     @classmethod
-    def read(cls, values: list[int]) -> InfillVerifyDecision:
-        n = len(values) // 2
-        return cls(values[:n], values[n:])
+    def read(cls, values: list[int], feed: InfillFeed, state: SequenceState) -> InfillVerifyDecision:
+        """`values`: per scored token (`feed.targets`: the token after each fed one), whether its probability given
+        the slot's tokens before it is above the token threshold; then, per chosen slot and index, whether its
+        token is an EOS. Verified tokens stay verified, the first unverified one is always accepted (>= 1 token
+        per round), and a slot's verified prefix runs on while its tokens are accepted."""
+        k, n = state.settings.slot_size, len(state.chosen.slots)
+        above = [[False] * k for _ in range(n)]
+        m = len(feed.targets)
+        for (slot, offset), flag in zip(feed.targets, values[:m]):
+            above[slot][offset] = bool(flag)
+        eos = values[m:]
+        verified, eos_in_slot = [], []
+        for i, already in enumerate(state.chosen.verified):
+            length = min(already + 1, k)
+            while length < k and above[i][length]:
+                length += 1
+            verified.append(length)
+            eos_in_slot.append(next((j for j in range(length) if eos[i * k + j]), k))
+        return cls(verified, eos_in_slot)
 
 
 class InfillVerifyStage(StageUnit):
@@ -148,27 +181,17 @@ class InfillVerifyStage(StageUnit):
 
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
         state, feed = parts[0].state, parts[0].fed.layout
-        k, chosen = state.settings.slot_size, state.chosen
-        n = len(chosen.slots)
-        rows = feed.scored  # [s] fed tokens followed by another of their slot; row j scores the token after it
-        slot_index, offset_index = feed.slot_index[rows], feed.offset_index[rows]
-        scores = state.scores(logits[0, rows], lambda: feed.positions[rows] + 1)
-        probs = DraftPolicy.token_probs(scores, chosen.tokens[slot_index, offset_index + 1])
-        confidence = torch.zeros(n, k, dtype=probs.dtype, device=state.device)
-        confidence[slot_index, offset_index + 1] = probs  # [n, k]: each token's probability given its prefix
-        already = torch.tensor(chosen.verified, device=state.device)
-        # Verified tokens stay verified; the first unverified one is always accepted (>= 1 token per round).
-        arange = torch.arange(k, device=state.device)
-        accepted = (confidence > state.settings.token_threshold) | (arange[None, :] <= already[:, None])
-        verified = prefix_length(accepted)  # [n]
-        within = arange[None, :] < verified[:, None]
-        eos_in_slot = first_true(state.is_eos(chosen.tokens) & within)  # [n]; k: no EOS in the verified prefix
-        return torch.cat([verified, eos_in_slot])[None], [None]
+        tokens = state.chosen.tokens.view(-1)  # [n*k]
+        # [s] each scored token's logits score the token after it, given the slot's tokens up to it
+        scores = state.scores(logits[0, feed.scored], lambda: feed.target_positions(state))
+        probs = DraftPolicy.token_probs(scores, tokens[feed.target_index])
+        read = torch.cat([probs > state.settings.token_threshold, state.is_eos(tokens)])
+        return read.long()[None], [None]
 
     def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
         k, chosen = state.settings.slot_size, state.chosen
         n = len(chosen.slots)
-        verified, eos_in_slot = InfillVerifyDecision.read(values)
+        verified, eos_in_slot = InfillVerifyDecision.read(values, fed.layout, state)
         ending = next((i for i in range(n) if eos_in_slot[i] < k), None)
         # What this query fed and verified stays in the cache for its slot (an ending slot's only up to its EOS;
         # nothing of the slots after it).

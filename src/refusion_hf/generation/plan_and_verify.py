@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from .draft_policy import DraftPolicy
 from .sequence_state import ChosenSlots, Kept, Query, SequenceState, Stage, slot_offsets
 from .stage_interface import (
     ExaminedPart,
@@ -33,8 +34,8 @@ from .stage_interface import (
     causal,
     constrained_scores,
     first_true,
-    next_token_probs,
     prefix_length,
+    stack_rows,
 )
 
 ALL_PENDING = (0, 2**62)  # `Query.pending_view` of a token that sees every pending entry of its row
@@ -52,7 +53,6 @@ class PlanDrafts(NamedTuple):
 
     drafts: torch.LongTensor  # [P, k]
     draft_probs: torch.Tensor  # [P, k] probability of each draft when drawn
-    first: torch.Tensor  # [P] probability of each slot's first draft (its score)
 
 
 class PlanDecision(NamedTuple):
@@ -65,9 +65,14 @@ class PlanDecision(NamedTuple):
     best: int
 
     @classmethod
-    def read(cls, values: list[int]) -> PlanDecision:
-        num_pool = (len(values) - 1) // 3
-        return cls(values[:num_pool], values[num_pool : 2 * num_pool], values[2 * num_pool : -1], values[-1])
+    def read(cls, values: list[int], k: int) -> PlanDecision:
+        """`values`: per slot of the pool, whether it passes the slot threshold; per draft (slot after slot),
+        whether it passes the token threshold, then whether it is an EOS; then the best slot."""
+        num_pool = (len(values) - 1) // (2 * k + 1)
+        above, eos = values[num_pool : num_pool * (k + 1)], values[num_pool * (k + 1) : -1]
+        confident = [all(above[i * k + 1 : (i + 1) * k]) for i in range(num_pool)]
+        ends = [any(eos[i * k : (i + 1) * k]) for i in range(num_pool)]
+        return cls(values[:num_pool], confident, ends, values[-1])
 
 
 class PlanStage(StageUnit):
@@ -87,18 +92,19 @@ class PlanStage(StageUnit):
         return examine_plans([part.state for part in parts], logits, [part.pool for part in parts])
 
     def decide(self, state: SequenceState, fed: StageQuery | None, payload: PlanDrafts, values: list[int]) -> Kept:
-        decision = PlanDecision.read(values)
         k = state.settings.slot_size
+        decision = PlanDecision.read(values, k)
         num_context = state.num_context()
         state.context = None
         state.step += 1
         picked = [i for i, passes in enumerate(decision.passes) if passes] or [decision.best]  # position order
         state.plan_drafts = payload.drafts
+        # consecutive picks (the usual case) are a slice: the chosen slots' tensors are then views of the plan's
+        rows = slice(picked[0], picked[-1] + 1) if picked[-1] - picked[0] + 1 == len(picked) else picked
         state.chosen = ChosenSlots(
             slots=[state.pool[i] for i in picked],
-            tokens=payload.drafts[picked],
-            scores=payload.first[picked],
-            draft_probs=payload.draft_probs[picked],
+            tokens=payload.drafts[rows],
+            draft_probs=payload.draft_probs[rows],
             confident=[bool(decision.confident[i]) for i in picked],
             ends=[bool(decision.ends[i]) for i in picked],
         )
@@ -109,18 +115,18 @@ class PlanStage(StageUnit):
 
 def examine_plans(states: list[SequenceState], logits: torch.Tensor, pools: list[list[int]]):
     """Plans of R sequences (pools of P slots each; logits [R, P*k, V], a mask predicts itself) -> the values
-    [R, 3P + 1] (`PlanDecision`) and each row's `PlanDrafts`."""
+    [R, P + 2Pk + 1] (`PlanDecision`) and each row's `PlanDrafts`."""
     settings, policy = states[0].settings, states[0].policy
     k, rows = settings.slot_size, len(states)
     scores = constrained_scores(policy, logits, lambda: [o for pool in pools for o in slot_offsets(pool, k)])
     drafts = policy.draw(scores).view(rows, -1, k)  # [R, P, k]
     draft_probs = policy.token_probs(scores, drafts.flatten()).view(rows, -1, k)
     first = draft_probs[..., 0]  # [R, P] probability of each slot's first draft
-    confident = (draft_probs[..., 1:] > settings.token_threshold).all(-1)  # [R, P]
-    ends = states[0].is_eos(drafts).any(-1)  # [R, P]
-    passes = first > settings.slot_threshold
-    read = torch.cat([passes.long(), confident.long(), ends.long(), first.argmax(-1, keepdim=True)], dim=-1)
-    return read, [PlanDrafts(*row) for row in zip(drafts.unbind(), draft_probs.unbind(), first.unbind())]
+    flags = [first > settings.slot_threshold, draft_probs > settings.token_threshold, states[0].is_eos(drafts)]
+    read = torch.cat([flags[0], flags[1].flatten(1), flags[2].flatten(1)], dim=-1)  # [R, P + 2 P k]
+    read = torch.cat([read.long(), first.argmax(-1, keepdim=True)], dim=-1)
+    # per-row views (not `unbind`'s: the chosen slots' views of them are written in place by infill)
+    return read, [PlanDrafts(drafts[row], draft_probs[row]) for row in range(rows)]
 
 
 # ----------------------------------------------------------------------------------------------- VERIFY
@@ -132,8 +138,22 @@ class VerifyDecision(NamedTuple):
     own_prefixes: list[int]  # per chosen slot, its own accepted prefix
 
     @classmethod
-    def read(cls, values: list[int]) -> VerifyDecision:
-        return cls(values[0], values[1], values[2:])
+    def read(cls, values: list[int], n: int, k: int) -> VerifyDecision:
+        """`values`: per chosen slot its own accepted prefix, then (only when a chosen slot drafts an EOS) per
+        chosen slot the index of its first EOS draft (k: none). The concatenation's prefix runs through every
+        slot accepted whole, into the first that is not."""
+        own = values[:n]
+        prefix = 0
+        for length in own:
+            prefix += length
+            if length < k:
+                break
+        first_eos = n * k
+        for i, index in enumerate(values[n:]):
+            if index < k:  # the first EOS of the concatenation: inside the prefix or not at all
+                first_eos = i * k + index if i * k + index < prefix else n * k
+                break
+        return cls(prefix, first_eos, own)
 
 
 class VerifyStage(StageUnit):
@@ -152,9 +172,9 @@ class VerifyStage(StageUnit):
         return examine_verifications([part.state for part in parts], logits)
 
     def decide(self, state: SequenceState, fed: StageQuery, flat: torch.LongTensor, values: list[int]) -> Kept:
-        decision = VerifyDecision.read(values)
         k, chosen = state.settings.slot_size, state.chosen
         n = len(chosen.slots)
+        decision = VerifyDecision.read(values, n, k)
         if decision.first_eos < n * k:
             # Commit the chosen slots up to the first EOS (truncated right after it); nothing after it survives.
             end = decision.first_eos + 1
@@ -179,11 +199,11 @@ class VerifyStage(StageUnit):
 
 def examine_verifications(states: list[SequenceState], logits: torch.Tensor):
     """Verifications of R sequences (n chosen slots each, drafts concatenated in position order; logits
-    [R, n*k, V], row j scoring token j + 1) -> the values [R, 2 + n] (`VerifyDecision`) and each row's drafts
-    [n*k]."""
+    [R, n*k, V], row j scoring token j + 1) -> the values [R, n] or [R, 2n] (`VerifyDecision`) and each row's
+    drafts [n*k]."""
     settings, policy = states[0].settings, states[0].policy
     k, rows = settings.slot_size, len(states)
-    flat = torch.stack([state.chosen.tokens.flatten() for state in states])  # [R, n*k]
+    flat = stack_rows([state.chosen.tokens.flatten() for state in states])  # [R, n*k]
     n = flat.shape[1] // k
 
     def offsets() -> list[int]:
@@ -194,14 +214,16 @@ def examine_verifications(states: list[SequenceState], logits: torch.Tensor):
         return predicted
 
     scores = constrained_scores(policy, logits, offsets).view(rows, n * k, -1)
-    confidence = next_token_probs(scores, flat).view(rows, n, k)
-    confidence[..., 0] = torch.stack([state.chosen.scores for state in states])  # first tokens keep their
-    accepted = confidence > settings.token_threshold  # planning score ...
-    accepted[..., 0] = True  # ... and are always accepted
-    prefix = prefix_length(accepted.flatten(1))  # [R] the longest accepted prefix of each concatenation
-    position = torch.arange(n * k, device=flat.device)
-    eos_in_prefix = first_true(states[0].is_eos(flat) & (position < prefix[:, None]))  # [R]
-    read = torch.cat([prefix[:, None], eos_in_prefix[:, None], prefix_length(accepted)], dim=-1)
+    # Token j >= 1 given the drafts before it; the first token of each slot is always accepted (its planning score
+    # chose the slot).
+    probs = DraftPolicy.token_probs(scores[:, :-1], flat[:, 1:])  # [R, n*k - 1]
+    accepted = torch.ones(rows, n * k, dtype=torch.bool, device=flat.device)
+    accepted[:, 1:] = probs > settings.token_threshold
+    accepted = accepted.view(rows, n, k)
+    accepted[..., 0] = True
+    read = prefix_length(accepted)  # [R, n] each slot's own accepted prefix
+    if any(any(state.chosen.ends) for state in states):  # where an EOS was drafted (read when planned)
+        read = torch.cat([read, first_true(states[0].is_eos(flat).view(rows, n, k))], dim=-1)
     return read, list(flat.unbind())
 
 

@@ -103,6 +103,17 @@ class Kept:
         return max([self.committed] + [offset + length for offset, length, _ in self.pending])
 
 
+def consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:
+    """Ascending `slots` as runs of consecutive slots: (first slot, number of slots) each."""
+    runs: list[tuple[int, int]] = []
+    for slot in slots:
+        if runs and runs[-1][0] + runs[-1][1] == slot:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((slot, 1))
+    return runs
+
+
 def slot_offsets(slots: list[int], k: int) -> list[int]:
     """Answer offsets (position minus prompt length) of the slots' tokens, slot after slot (host list)."""
     return [slot * k + j for slot in slots for j in range(k)]
@@ -114,7 +125,6 @@ class ChosenSlots:
 
     slots: list[int]  # slot indices (slot s covers canvas [s*k, (s+1)*k))
     tokens: torch.LongTensor  # [n, k] current drafts
-    scores: torch.Tensor  # [n] probability of each slot's first draft at planning time
     draft_probs: torch.Tensor  # [n, k] probability each current draft token had when it was drafted
     confident: list[bool]  # per slot: every draft still to be verified was drafted above the token threshold
     ends: list[bool]  # per slot: a draft still to be verified is an EOS (accepting it ends the answer)
@@ -287,17 +297,20 @@ class SequenceState:
     def commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
         """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas; `eos_at` is
         the index in `tokens` of its first EOS, if it has one (the caller has read it already)."""
-        k = self.settings.slot_size
-        positions = [slot * k + j for slot in slots for j in range(k)][: tokens.shape[0]]
-        index = torch.tensor(positions, dtype=torch.long, device=self.device)
-        self.canvas[index] = tokens
-        self.commit_step[index] = self.step
-        for position in positions:
-            self.written[position] = 1
-        done = set(slots)
-        self.pool = [slot for slot in self.pool if slot not in done]
+        k, n = self.settings.slot_size, tokens.shape[0]
+        done = 0  # tokens written so far; a run of consecutive slots is one canvas range: one slice each
+        for first, count in consecutive_runs(slots):
+            start, length = first * k, min(count * k, n - done)
+            if length <= 0:
+                break
+            self.canvas[start : start + length] = tokens[done : done + length]
+            self.commit_step[start : start + length] = self.step
+            self.written[start : start + length] = b"\x01" * length
+            done += length
+        done_slots = set(slots)
+        self.pool = [slot for slot in self.pool if slot not in done_slots]
         if eos_at is not None:
-            first = positions[eos_at]
+            first = slots[eos_at // k] * k + eos_at % k
             self.first_eos = first if self.first_eos is None else min(self.first_eos, first)
 
     def take_back(self, start: int, end: int) -> None:

@@ -138,7 +138,6 @@ class ReviseStage(StageUnit):
         state.chosen = ChosenSlots(
             slots=slots,
             tokens=state.canvas[rows],  # [n, k]: each kept prefix and second opinion, then masks
-            scores=rescored[:, 0],
             draft_probs=rescored.clone(),  # as re-scored (infill's re-drafts overwrite the remasked tail)
             confident=[False] * n,
             ends=[False] * n,

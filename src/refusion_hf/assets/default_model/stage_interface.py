@@ -104,6 +104,11 @@ def next_token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Te
     return torch.cat([first, gathered], dim=-1)
 
 
+def stack_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.stack(tensors)`; one row is a view of it (no copy)."""
+    return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
+
+
 def prefix_length(accepted: torch.BoolTensor) -> torch.LongTensor:
     """Length of the leading run of True along the last dimension."""
     return accepted.long().cumprod(-1).sum(-1)

@@ -70,8 +70,8 @@ class DraftPolicy:
     @staticmethod
     def token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
         """scores [..., V], tokens [...] -> the probability of each token under the softmax of its row, as
-        exp(score - logsumexp): the full-vocabulary probabilities are never materialised."""
-        return (scores.gather(-1, tokens[..., None]).squeeze(-1) - scores.logsumexp(-1)).exp()
+        exp(log_softmax(scores)[token]) (one fused kernel over the vocabulary: `logsumexp` takes several)."""
+        return scores.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1).exp()
 
     def draw(self, scores: torch.Tensor) -> torch.LongTensor:
         """Constrained scores [n, V] -> drafted tokens [n]."""

@@ -36,19 +36,23 @@ class RaggedKVCache:
 
     def __init__(self, config, batch_size: int, device):
         self.config = config
-        self.cache = DynamicCache(config=config)
+        # None while the cache has no rows (building a DynamicCache is not free; rows that join bring their own)
+        self.cache: DynamicCache | None = DynamicCache(config=config) if batch_size else None
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
         self.tags: torch.LongTensor | None = None  # [B, T] pending entries' tags, -1 elsewhere; None: none pending
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, T] original positions
         self.lengths = [0] * batch_size  # host: entries each row holds (committed and pending)
         self.pending = [0] * batch_size  # host: pending entries per row
+        # sdpa reads a boolean mask as given (transformers' own sdpa masks are boolean); eager adds it to the scores
+        self.boolean_mask = getattr(config, "_attn_implementation", None) == "sdpa"
 
     def attention_mask(
         self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None, hidden=None
     ) -> torch.Tensor:
         """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)), hidden: [B, Q, 2]
-        original positions whose entries each query token must not see ([lo, hi)) -> additive float mask
-        [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
+        original positions whose entries each query token must not see ([lo, hi)) -> the 4-D mask [B, 1, Q, T+Q]:
+        boolean (True = attend) when `dtype` is `torch.bool`, as transformers' sdpa masks are, else additive floats
+        of `dtype` (0 = attend, finfo.min = blocked), as its eager masks are."""
         batch_size, q = visible.shape[:2]
         cached = self.valid[:, None, :].expand(batch_size, q, -1)
         if self.tags is not None and views is not None:
@@ -57,9 +61,11 @@ class RaggedKVCache:
         if hidden is not None:
             positions = self.positions[:, None, :]  # [B, 1, T]
             cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
-        allowed = torch.cat([cached, visible], dim=-1)
+        allowed = torch.cat([cached, visible], dim=-1)[:, None]
+        if dtype == torch.bool:
+            return allowed
         mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-        return mask.masked_fill_(allowed, 0.0)[:, None]
+        return mask.masked_fill_(allowed, 0.0)
 
     def keep_new_entries(self, spans: list[tuple[int, Kept]], queries: list[Query]) -> None:
         """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query
@@ -67,23 +73,25 @@ class RaggedKVCache:
         after the last kept entry (`DynamicCache.crop`); entries not kept are holes, masked by `valid`. No K/V is
         copied."""
         old = self.valid.shape[1]
-        device = self.valid.device
-        bounds = [[start for start, _ in spans], [start + kept.committed for start, kept in spans]]
-        starts, stops = torch.tensor(bounds, dtype=torch.long, device=device)  # [B] each
         width = max((start + kept.extent for start, kept in spans), default=0)
-        cut = self.cache.get_seq_length() - (old + width)
-        if cut > 0:
-            self.cache.crop(-cut)  # DynamicCache's crop takes the number of entries to remove, negated
-        index = torch.arange(width, device=device)[None, :]  # [1, width]
-        self.valid = torch.cat([self.valid, (index >= starts[:, None]) & (index < stops[:, None])], dim=1)
+        fed = max(q.num_context for q in queries) + max(q.num_scored for q in queries)  # the segment's width
+        if fed > width:
+            self.cache.crop(width - fed)  # DynamicCache's crop takes the number of entries to remove, negated
+        # Each row's kept entries, [start, start + committed) of the segment: host-built, one copy to the device.
+        kept_flags = bytearray(len(spans) * width)
+        for row, (start, kept) in enumerate(spans):
+            kept_flags[row * width + start : row * width + start + kept.committed] = b"\x01" * kept.committed
+        new_valid = torch.frombuffer(kept_flags, dtype=torch.bool) if kept_flags else torch.zeros(0, dtype=torch.bool)
+        self.valid = torch.cat([self.valid, new_valid.view(len(spans), width).to(self.valid.device)], dim=1)
         if all(start == 0 and query.positions.shape[0] >= width for (start, _), query in zip(spans, queries)):
-            positions = [query.positions[:width] for query in queries]  # no left padding (always so at batch 1)
+            rows = [query.positions[:width] for query in queries]  # no left padding (always so at batch 1)
         else:
-            positions = [
+            rows = [
                 F.pad(query.positions, (start, max(0, width - start - query.positions.shape[0])), value=-1)[:width]
                 for (start, _), query in zip(spans, queries)
             ]
-        self.positions = torch.cat([self.positions, torch.stack(positions)], dim=1)
+        positions = rows[0][None] if len(rows) == 1 else torch.stack(rows)
+        self.positions = torch.cat([self.positions, positions], dim=1)
         for row, (_, kept) in enumerate(spans):
             added = sum(length for _, length, _ in kept.pending)
             self.lengths[row] += kept.committed + added - kept.discarded
@@ -144,7 +152,7 @@ class RaggedKVCache:
 
     def select_rows(self, rows: list[int]) -> None:
         if not rows:  # nothing left to decode: an empty cache (joining rows become the whole cache)
-            self.cache = DynamicCache(config=self.config)
+            self.cache = None
             self.valid, self.tags, self.lengths, self.pending = self.valid[:0, :0], None, [], []
             self.positions = self.positions[:0, :0]
             return
@@ -206,8 +214,11 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     """
     context_width = max(q.num_context for q in queries)
     scored_width = max(q.num_scored for q in queries)
-    if all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
-        pads = None  # nothing to pad (always so at batch 1)
+    if len(queries) == 1:
+        pads = None  # nothing to pad
+        input_ids, positions, visible = (field[0][None] for field in _fields(queries))
+    elif all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
+        pads = None
         input_ids, positions, visible = (torch.stack(field) for field in _fields(queries))
     else:
         pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
@@ -217,7 +228,7 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     output = model(
         input_ids=input_ids,
         position_ids=positions,
-        attention_mask=kv.attention_mask(visible, model.dtype, views, hidden),
+        attention_mask=kv.attention_mask(visible, torch.bool if kv.boolean_mask else model.dtype, views, hidden),
         cache=kv.cache,
         use_cache=True,
         logits_to_keep=scored_width,

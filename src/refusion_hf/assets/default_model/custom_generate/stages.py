@@ -108,7 +108,8 @@ def examine_steps(steps: list[RowStep], logits: torch.Tensor, num_scored: list[i
                 examinations[part.row].ahead_payload = payload
             else:
                 examinations[part.row].payload = payload
-    flat = torch.cat([read.flatten() for read in reads]).tolist() if any(read.numel() for read in reads) else []
+    flat = torch.cat([read.flatten() for read in reads]) if len(reads) > 1 else reads[0].flatten()
+    flat = flat.tolist()  # the one device-to-host read
     offset = 0
     for read, parts in zip(reads, groups.values()):
         width = read.shape[1]
