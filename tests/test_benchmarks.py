@@ -175,3 +175,18 @@ def test_remasking_refuses_thresholds_where_the_decoder_cannot_revise(monkeypatc
     with pytest.raises(SystemExit) as exit_info:
         remasking.main()
     assert exit_info.value.code == 2 and "no remask_threshold knob yet" in capsys.readouterr().err
+
+
+def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
+    """The in-process A/B at a tiny size, against this checkout's own HEAD: both sides decode the same tokens with the
+    same forward passes, and every figure is reported."""
+    out = tmp_path / "generate_ab_interleaved.json"
+    command = [sys.executable, "generate_ab_interleaved.py", "--baseline", "HEAD", "--runs", "float32:1,2",
+               "--prompts", "2", "--repeats", "1", "--max-new-tokens", "16", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["dtype"], row["batch_size"]) for row in rows] == [("float32", 1), ("float32", 2)]
+    for row in rows:
+        assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
+        assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)

@@ -187,8 +187,10 @@ class SequenceState:
 
     def slot_positions(self, slots: list[int]) -> torch.LongTensor:
         """[n*k] original positions of the slots' tokens."""
-        offsets = slot_offsets(slots, self.settings.slot_size)
-        return torch.tensor([self.prompt_length + offset for offset in offsets], device=self.device)
+        k, start = self.settings.slot_size, self.prompt_length
+        if slots and slots[-1] - slots[0] + 1 == len(slots):  # consecutive slots (the usual case): one range
+            return torch.arange(start + slots[0] * k, start + (slots[-1] + 1) * k, device=self.device)
+        return torch.tensor([start + offset for offset in slot_offsets(slots, k)], dtype=torch.long, device=self.device)
 
     def num_context(self) -> int:
         return 0 if self.context is None else self.context.shape[0]

@@ -71,7 +71,8 @@ def decode_batch(
     waiting = list(range(len(prompts)))[::-1]  # popped from the end: prompts join in order
     limit = len(prompts) if max_rows is None else max_rows
     active: list[int] = []  # rows of `kv`, in order
-    kv = RaggedKVCache(model.config, 0, device)
+    dtype = model.dtype  # read once: `model.dtype` walks the parameters
+    kv = RaggedKVCache(model.config, 0, device, dtype)
     num_forward_passes = 0
 
     def step(rows: list[int], cache: RaggedKVCache) -> None:
@@ -104,7 +105,7 @@ def decode_batch(
         if joining:
             # Requests that join are prefilled (prompt + first plan) in a cache of their own, so that the rows
             # already decoding are not padded to the prompts' width; their cache rows are appended after.
-            fresh = RaggedKVCache(model.config, len(joining), device)
+            fresh = RaggedKVCache(model.config, len(joining), device, dtype)
             step(joining, fresh)
             num_forward_passes += 1
             kv.extend(fresh)

@@ -255,10 +255,13 @@ def with_lookahead(state: SequenceState, fed: StageQuery) -> StageQuery:
     q = query.tokens.shape[0]
     masks = torch.full((len(slots) * state.settings.slot_size,), state.settings.mask_token_id, device=state.device)
     m = masks.shape[0]
-    visible = torch.zeros(q + m, q + m, dtype=torch.bool, device=state.device)
-    visible[:q, :q] = query.visible
-    visible[q:, :q] = True
-    visible[q:, q:] = causal(m, state.device)
+    if query.visible is causal(q, state.device):  # a causal query (VERIFY's): with the masks, causal again
+        visible = causal(q + m, state.device)
+    else:
+        visible = torch.zeros(q + m, q + m, dtype=torch.bool, device=state.device)
+        visible[:q, :q] = query.visible
+        visible[q:, :q] = True
+        visible[q:, q:] = causal(m, state.device)
     view = query.pending_view
     if view is not None:  # the masks see every pending entry (all of them are committed if the plan holds)
         view = torch.cat([view, torch.tensor([ALL_PENDING], device=state.device).expand(m, 2)])

@@ -34,8 +34,9 @@ class RaggedKVCache:
 
     COMPACT_SLACK = 32  # compact when the cache is more than twice as wide as its fullest row, and this much wider
 
-    def __init__(self, config, batch_size: int, device):
+    def __init__(self, config, batch_size: int, device, dtype: torch.dtype):
         self.config = config
+        self.dtype = dtype  # the model's: the attention mask's dtype
         # None while the cache has no rows (building a DynamicCache is not free; rows that join bring their own)
         self.cache: DynamicCache | None = DynamicCache(config=config) if batch_size else None
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
@@ -43,16 +44,13 @@ class RaggedKVCache:
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, T] original positions
         self.lengths = [0] * batch_size  # host: entries each row holds (committed and pending)
         self.pending = [0] * batch_size  # host: pending entries per row
-        # sdpa reads a boolean mask as given (transformers' own sdpa masks are boolean); eager adds it to the scores
-        self.boolean_mask = getattr(config, "_attn_implementation", None) == "sdpa"
 
     def attention_mask(
         self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None, hidden=None
     ) -> torch.Tensor:
         """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)), hidden: [B, Q, 2]
-        original positions whose entries each query token must not see ([lo, hi)) -> the 4-D mask [B, 1, Q, T+Q]:
-        boolean (True = attend) when `dtype` is `torch.bool`, as transformers' sdpa masks are, else additive floats
-        of `dtype` (0 = attend, finfo.min = blocked), as its eager masks are."""
+        original positions whose entries each query token must not see ([lo, hi)) -> additive float mask
+        [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
         batch_size, q = visible.shape[:2]
         cached = self.valid[:, None, :].expand(batch_size, q, -1)
         if self.tags is not None and views is not None:
@@ -61,11 +59,9 @@ class RaggedKVCache:
         if hidden is not None:
             positions = self.positions[:, None, :]  # [B, 1, T]
             cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
-        allowed = torch.cat([cached, visible], dim=-1)[:, None]
-        if dtype == torch.bool:
-            return allowed
+        allowed = torch.cat([cached, visible], dim=-1)
         mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-        return mask.masked_fill_(allowed, 0.0)
+        return mask.masked_fill_(allowed, 0.0)[:, None]
 
     def keep_new_entries(self, spans: list[tuple[int, Kept]], queries: list[Query]) -> None:
         """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query
@@ -228,7 +224,7 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     output = model(
         input_ids=input_ids,
         position_ids=positions,
-        attention_mask=kv.attention_mask(visible, torch.bool if kv.boolean_mask else model.dtype, views, hidden),
+        attention_mask=kv.attention_mask(visible, kv.dtype, views, hidden),
         cache=kv.cache,
         use_cache=True,
         logits_to_keep=scored_width,

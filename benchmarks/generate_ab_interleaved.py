@@ -1,0 +1,155 @@
+"""ReFusion `generate()` of this checkout's decoder against a baseline commit's, in ONE process, call by call: the
+A/B for a decoder change when the machine's speed drifts faster than `generate_ab.py`'s fresh processes alternate.
+
+Both sides' `refusion_hf/generation/` (the baseline's by `git archive`, this checkout's from `src/`) are imported
+side by side as two packages under other names (the decoder's modules import only torch, transformers and each
+other: they are the remote-code bundle). One model (the embedded model, loaded by this checkout, in `--dtype`)
+serves both, so the model class and its forward are the same on both sides and only the generation code differs
+(`generate_ab.py` also runs each side's model class). Each batch is decoded by both sides back to back, which
+one first alternating, `--repeats` times after a warm-up, each side through its own `refusion_generate(model,
+...)` (what `model.generate()` calls) under `torch.no_grad()`; a batch counts at its fastest call. Tokens and
+forward passes must be identical (else it exits with status 1). Reports current over baseline wall time against
+issue 28's goals (at most 0.95 at batch 1, 1.02 at batch 4 and 16).
+
+    nice -n 0 .venv/bin/python benchmarks/generate_ab_interleaved.py --baseline e2b8e4c \\
+        --out benchmarks/results/generate_ab_interleaved.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from generate_ab import GOALS, git, positive_int, run_config, tokens_digest
+from generate_ab_worker import left_pad
+from results_file import write_results
+
+from refusion_hf.evaluation.synthetic_tasks import generate_problems
+from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer, prompt_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("baseline", "current")
+NOT_DECODER = ("__init__.py", "cli.py", "trace_view.py")  # the package's CLI glue, not the bundle
+
+
+def generation_package(name: str, source: Path, folder: Path):
+    """`source` (a `refusion_hf/generation/` folder) imported as the top-level package `name`."""
+    package = folder / name
+    package.mkdir()
+    for module in source.glob("*.py"):
+        if module.name not in NOT_DECODER:
+            shutil.copy(module, package / module.name)
+    (package / "__init__.py").write_text("")
+    return importlib.import_module(f"{name}.refusion_generate")
+
+
+def baseline_generation(commit: str, folder: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit, "src/refusion_hf/generation"], cwd=ROOT, capture_output=True
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {commit}: {archive.stderr.decode().strip() or 'git archive failed'}")
+    path = folder / "baseline.tar"
+    path.write_bytes(archive.stdout)
+    with tarfile.open(path) as tar:
+        tar.extractall(folder / "extracted", filter="data")
+    return folder / "extracted" / "src" / "refusion_hf" / "generation"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", required=True, help="a commit (anything `git archive` takes)")
+    parser.add_argument(
+        "--runs", type=run_config, nargs="+", default=[("bfloat16", "1,4,16"), ("float32", "1")],
+        help="DTYPE:BATCH_SIZES (default: bfloat16:1,4,16 float32:1)",
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=positive_int, default=6, help="timed calls per side and batch")
+    parser.add_argument("--prompts", type=positive_int, default=32)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generate_ab_interleaved.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    head = git("rev-parse", "--short", "HEAD")
+    rows = []
+    forwards = [0]  # model forwards of the current call
+
+    def count_forward(module, inputs) -> None:
+        forwards[0] += 1
+
+    with tempfile.TemporaryDirectory() as folder:
+        sys.path.insert(0, folder)
+        generate = {
+            "baseline": generation_package("ab_baseline_generation", baseline_generation(args.baseline, Path(folder)),
+                                           Path(folder)).refusion_generate,
+            "current": generation_package("ab_current_generation", ROOT / "src" / "refusion_hf" / "generation",
+                                          Path(folder)).refusion_generate,
+        }  # fmt: skip
+        for dtype, batch_sizes in args.runs:
+            model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=dtype)
+            model.register_forward_pre_hook(count_forward)
+            problems = generate_problems("test", args.prompts, 0, families=["arithmetic", "listing"])
+            prompts = [prompt_ids(tokenizer, problem.prompt) for problem in problems]
+            pad = model.generation_config.pad_token_id or 0
+            for batch_size in [int(size) for size in batch_sizes.split(",")]:
+                batches = [left_pad(prompts[i : i + batch_size], pad) for i in range(0, len(prompts), batch_size)]
+                best = {side: [float("inf")] * len(batches) for side in SIDES}
+                seen = {side: [] for side in SIDES}  # warm-up: tokens and forward passes per batch
+                for run in range(1 + args.repeats):
+                    for index, (ids, mask) in enumerate(batches):
+                        for side in SIDES if (run + index) % 2 == 0 else SIDES[::-1]:
+                            forwards[0] = 0
+                            start = time.perf_counter()
+                            with torch.no_grad():
+                                output = generate[side](
+                                    model, ids, attention_mask=mask, max_new_tokens=args.max_new_tokens
+                                )
+                            seconds = time.perf_counter() - start
+                            if run == 0:
+                                seen[side].append((output.tolist(), forwards[0]))
+                            else:
+                                best[side][index] = min(best[side][index], seconds)
+                if seen["current"] != seen["baseline"]:
+                    raise SystemExit(f"{dtype} batch {batch_size}: tokens or forward passes differ from the baseline's")
+                seconds = {side: sum(best[side]) for side in SIDES}
+                ratio = seconds["current"] / seconds["baseline"]
+                goal = GOALS.get(batch_size)
+                rows.append(
+                    {
+                        "dtype": dtype,
+                        "batch_size": batch_size,
+                        "seconds_each_batch_at_its_best": seconds,
+                        "current_over_baseline_wall_time": ratio,
+                        "goal_at_most": goal,
+                        "meets_goal": None if goal is None else ratio <= goal,
+                        "forward_passes": sum(count for _, count in seen["current"]),
+                        "same_tokens_and_forward_passes": True,
+                        "tokens_sha256": tokens_digest([{"tokens": [tokens for tokens, _ in seen["current"]]}]),
+                    }
+                )
+                print(f"{dtype} batch {batch_size}: {ratio:.3f}", file=sys.stderr)
+    write_results(
+        {
+            "baseline": args.baseline,
+            "current": head,
+            "current_src_has_uncommitted_changes": bool(git("status", "--porcelain", "--", "src")),
+            "torch_threads": args.threads,
+            "prompts": args.prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
+            "rows": rows,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
