@@ -67,18 +67,22 @@ def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
         else:  # every fed token but the slot's last, predicting the token after it
             scored += range(first, len(slots) - 1)
             targets += [(i, j) for j in range(start + 1, k)]
-    q = len(slots)
-    # one host-to-device copy for the query's layout: [3, q], the scored tokens and their targets
+    q, s = len(slots), len(scored)
+    # one host-to-device copy for the query's layout: [3, q], each token's pending view [q, 2] (its slot's tags),
+    # the scored tokens and their targets
+    views = [tag for slot in slots for tag in (slot * k, (slot + 1) * k)]
     flat_targets = [slot * k + offset for slot, offset in targets]
-    layout = torch.tensor(slots + offsets + starts + scored + flat_targets, dtype=torch.long, device=state.device)
+    layout = torch.tensor(
+        slots + offsets + starts + views + scored + flat_targets, dtype=torch.long, device=state.device
+    )
     slot_index, offset_index = layout[:q], layout[q : 2 * q]
     positions = layout[2 * q : 3 * q] + offset_index
-    scored_index, target_index = layout[3 * q : 3 * q + len(scored)], layout[3 * q + len(scored) :]
+    view = layout[3 * q : 5 * q].view(q, 2)
+    scored_index, target_index = layout[5 * q : 5 * q + s], layout[5 * q + s :]
     tokens = chosen.tokens[slot_index, offset_index]
     if drafting:
         tokens = tokens.index_fill(0, scored_index, state.settings.mask_token_id)
     visible = (slot_index[:, None] == slot_index[None, :]) & causal(q, state.device)  # block-diagonal causal
-    view = torch.stack([slot_index * k, (slot_index + 1) * k], dim=1)  # [q, 2]: the slot's own tags
     feed = InfillFeed(segments, targets, scored_index, target_index)
     query = Query(tokens, positions, visible, pending_view=view)
     return StageQuery(query if state.context is None else after_context(state, query), feed)

@@ -20,6 +20,7 @@ import torch
 from .draft_policy import DraftPolicy
 
 MAX_REVISIONS = 2  # with `remask_threshold`: a position is remasked at most this many times, so decoding ends
+INITIAL_CANVAS = 256  # positions the canvas starts with (fewer when it is shorter): short answers never grow it
 
 
 class Stage(enum.Enum):
@@ -287,13 +288,16 @@ class SequenceState:
     # ------------------------------------------------------------------------------------------- writing
     def reserve(self, slots: list[int]) -> None:
         """Grow the canvas, its commit steps and written flags to hold `slots` (a block's, when it is entered):
-        doubling, at most to the canvas length, so a long answer costs amortised O(1) copies per position."""
+        doubling from `INITIAL_CANVAS` positions, at most to the canvas length, so a long answer costs amortised
+        O(1) copies per position."""
         have, need = len(self.written), (max(slots) + 1) * self.settings.slot_size
         if need <= have:
             return
-        extra = min(self.settings.canvas_length, max(need, 2 * have)) - have
-        self.canvas = torch.cat([self.canvas, self.canvas.new_full((extra,), self.settings.mask_token_id)])
-        self.commit_step = torch.cat([self.commit_step, self.commit_step.new_full((extra,), -1)])
+        extra = min(self.settings.canvas_length, max(need, 2 * have, INITIAL_CANVAS)) - have
+        canvas = self.canvas.new_full((extra,), self.settings.mask_token_id)
+        steps = self.commit_step.new_full((extra,), -1)
+        self.canvas = torch.cat([self.canvas, canvas]) if have else canvas
+        self.commit_step = torch.cat([self.commit_step, steps]) if have else steps
         self.written += bytes(extra)
         self.revisions += bytes(extra)
 

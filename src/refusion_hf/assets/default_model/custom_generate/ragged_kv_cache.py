@@ -36,7 +36,8 @@ class RaggedKVCache:
 
     def __init__(self, config, batch_size: int, device, dtype: torch.dtype):
         self.config = config
-        self.dtype = dtype  # the model's: the attention mask's dtype
+        # the additive mask's two values, in the model's dtype (0 = attend, finfo.min = blocked)
+        self.attend, self.blocked = torch.tensor([0.0, torch.finfo(dtype).min], dtype=dtype, device=device).unbind()
         # None while the cache has no rows (building a DynamicCache is not free; rows that join bring their own)
         self.cache: DynamicCache | None = DynamicCache(config=config) if batch_size else None
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
@@ -46,7 +47,7 @@ class RaggedKVCache:
         self.pending = [0] * batch_size  # host: pending entries per row
 
     def attention_mask(
-        self, visible: torch.BoolTensor, dtype, views: torch.LongTensor | None = None, hidden=None
+        self, visible: torch.BoolTensor, views: torch.LongTensor | None = None, hidden=None
     ) -> torch.Tensor:
         """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)), hidden: [B, Q, 2]
         original positions whose entries each query token must not see ([lo, hi)) -> additive float mask
@@ -59,9 +60,8 @@ class RaggedKVCache:
         if hidden is not None:
             positions = self.positions[:, None, :]  # [B, 1, T]
             cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
-        allowed = torch.cat([cached, visible], dim=-1)
-        mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-        return mask.masked_fill_(allowed, 0.0)[:, None]
+        allowed = torch.cat([cached, visible], dim=-1)[:, None]
+        return torch.where(allowed, self.attend, self.blocked)
 
     def keep_new_entries(self, spans: list[tuple[int, Kept]], queries: list[Query]) -> None:
         """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query
@@ -224,7 +224,7 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     output = model(
         input_ids=input_ids,
         position_ids=positions,
-        attention_mask=kv.attention_mask(visible, kv.dtype, views, hidden),
+        attention_mask=kv.attention_mask(visible, views, hidden),
         cache=kv.cache,
         use_cache=True,
         logits_to_keep=scored_width,

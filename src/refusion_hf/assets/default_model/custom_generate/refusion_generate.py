@@ -134,8 +134,9 @@ def _generate(model, inputs, stock_arguments: dict, custom_generate, kwargs: dic
     settings = decoding_settings(model, config, width, max(prompt_lengths))
     pad_token_id = int(config._pad_token_tensor)
     repeats = config.num_return_sequences or 1
-    input_ids = input_ids.repeat_interleave(repeats, dim=0)
-    attention_mask = attention_mask.repeat_interleave(repeats, dim=0)
+    if repeats > 1:
+        input_ids = input_ids.repeat_interleave(repeats, dim=0)
+        attention_mask = attention_mask.repeat_interleave(repeats, dim=0)
     policy = draft_policy(model, config, settings, input_ids, attention_mask)
     stopping = prefix_stopping(model, config, stock_arguments["stopping_criteria"], tokenizer, input_ids, pad_token_id)
     if stopping is not None and max_rows is not None:
@@ -365,7 +366,8 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
     model_kwargs = config.update(**kwargs)
     # As in stock generate, a keyword given as None overrides with None; a ReFusion knob that None leaves without a
     # value gets its default (block_size None *is* its default: 128 rounded to the slot size).
-    config.update(**{k: v for k, v in REFUSION_FIELDS.items() if v is not None}, defaults_only=True)
+    if any(kwargs.get(name, 0) is None for name in REFUSION_FIELDS):
+        config.update(**{k: v for k, v in REFUSION_FIELDS.items() if v is not None}, defaults_only=True)
     if config.mask_token_id is None:
         config.mask_token_id = getattr(model.config, "mask_token_id", None)
     if config.eos_token_id is None and "eos_token_id" not in kwargs:  # an explicit None means no EOS, as in stock
