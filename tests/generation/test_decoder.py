@@ -1,5 +1,6 @@
 """The decoder's building blocks and its cache invariant."""
 
+from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
@@ -9,25 +10,100 @@ from hypothesis import strategies as st
 
 from refusion_hf.generation import batch_scheduler
 from refusion_hf.generation.batch_scheduler import decode_batch
+from refusion_hf.generation.draft_policy import DraftPolicy
+from refusion_hf.generation.infill import InfillDraftDecision, InfillVerifyDecision
+from refusion_hf.generation.plan_and_verify import PlanDecision, VerifyDecision
 from refusion_hf.generation.ragged_kv_cache import forward_queries
 from refusion_hf.generation.sequence_state import DecodingSettings, Stage
-from refusion_hf.generation.stage_interface import next_token_probs, prefix_length
 from tests.oracle import EOS, MASK, load_cases
 
 
-@given(st.lists(st.booleans(), min_size=0, max_size=12))
-def test_prefix_length_is_the_leading_run(flags):
-    expected = next((i for i, flag in enumerate(flags) if not flag), len(flags))
-    assert int(prefix_length(torch.tensor(flags, dtype=torch.bool))) == expected
+def leading_run(flags) -> int:
+    return next((i for i, flag in enumerate(flags) if not flag), len(flags))
 
 
-def test_next_token_probs_shifts_by_one():
+def test_token_probs_are_the_softmax_probabilities_of_the_tokens():
     probs = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.125, 0.875]], dtype=torch.float64)
-    tokens = torch.tensor([0, 1, 0])
-    # entry j = P(tokens[j] | position j-1) under the softmax of position j-1's scores; entry 0 is undefined (0).
     # Scores are log-probabilities shifted by an arbitrary constant per row (softmax ignores it).
     scores = probs.log() + torch.tensor([[3.0], [-7.0], [0.5]], dtype=torch.float64)
-    assert next_token_probs(scores, tokens).tolist() == pytest.approx([0.0, 0.75, 0.5], abs=1e-12)
+    tokens = torch.tensor([1, 0, 1])
+    assert DraftPolicy.token_probs(scores, tokens).tolist() == pytest.approx([0.75, 0.5, 0.875], abs=1e-12)
+
+
+# The decisions are read on the host from flags the device computed elementwise; each is checked against the
+# definition it implements, over every shape a step can have.
+@st.composite
+def slot_flags(draw, extra: int = 0):
+    n, k = draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    flags = draw(st.lists(st.booleans(), min_size=n * k + extra, max_size=n * k + extra))
+    return n, k, flags
+
+
+@given(slot_flags(extra=-1), st.one_of(st.none(), st.data()))
+def test_verify_decision_is_the_accepted_prefix_of_the_concatenation(shape, eos_data):
+    n, k, above = shape
+    eos = None if eos_data is None else eos_data.draw(st.lists(st.booleans(), min_size=n * k, max_size=n * k))
+    # A slot's first draft is always accepted; every other draft when its probability passes the threshold.
+    accepted = [True, *above]
+    for i in range(n):
+        accepted[i * k] = True
+    prefix = leading_run(accepted)
+    first_eos = next((j for j in range(prefix) if eos[j]), n * k) if eos else n * k
+    decision = VerifyDecision.read([int(flag) for flag in above + (eos or [])], n, k)
+    assert decision.own_prefixes == [leading_run(accepted[i * k : (i + 1) * k]) for i in range(n)]
+    assert (decision.prefix, decision.first_eos) == (prefix, first_eos)
+
+
+@given(slot_flags(extra=0), st.data())
+def test_plan_decision_reads_each_slots_flags(shape, data):
+    num_pool, k, above = shape
+    eos = data.draw(st.lists(st.booleans(), min_size=num_pool * k, max_size=num_pool * k))
+    passes = data.draw(st.lists(st.booleans(), min_size=num_pool, max_size=num_pool))
+    best = data.draw(st.integers(0, num_pool - 1))
+    decision = PlanDecision.read([int(flag) for flag in passes + above + eos] + [best], k)
+    assert decision.passes == passes and decision.best == best
+    assert decision.confident == [all(above[i * k + 1 : (i + 1) * k]) for i in range(num_pool)]
+    assert decision.ends == [any(eos[i * k : (i + 1) * k]) for i in range(num_pool)]
+
+
+@st.composite
+def infill_round(draw):
+    """Chosen slots in infill: per slot its verified prefix (k: complete) and what the cache holds of it."""
+    n, k = draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    verified = draw(st.lists(st.integers(0, k), min_size=n, max_size=n))
+    cached = [draw(st.integers(0, length)) if length < k else k for length in verified]
+    state = SimpleNamespace(settings=SimpleNamespace(slot_size=k), chosen=SimpleNamespace(slots=list(range(n)),
+                            verified=verified))  # fmt: skip
+    return n, k, verified, cached, state
+
+
+@given(infill_round(), st.data())
+def test_infill_verify_decision_extends_each_verified_prefix(round_, data):
+    n, k, verified, cached, state = round_
+    # Each slot feeds its tokens from `cached` on; each fed token but the last scores the token after it.
+    targets = [(i, j) for i in range(n) if cached[i] < k for j in range(cached[i] + 1, k)]
+    above = data.draw(st.lists(st.booleans(), min_size=len(targets), max_size=len(targets)))
+    eos = data.draw(st.lists(st.booleans(), min_size=n * k, max_size=n * k))
+    decision = InfillVerifyDecision.read([int(f) for f in above + eos], SimpleNamespace(targets=targets), state)
+    passing = set(target for target, flag in zip(targets, above) if flag)
+    for i in range(n):  # verified tokens stay verified, the first unverified one is always accepted
+        accepted = [j <= verified[i] or (i, j) in passing for j in range(k)]
+        length = leading_run(accepted)
+        assert decision.verified[i] == length
+        assert decision.eos_in_slot[i] == next((j for j in range(length) if eos[i * k + j]), k)
+
+
+@given(infill_round(), st.data())
+def test_infill_draft_decision_judges_only_the_redrafted_tails(round_, data):
+    n, k, verified, _, state = round_
+    targets = [(i, j) for i in range(n) for j in range(verified[i], k)]  # the unverified tails, re-drafted
+    above = data.draw(st.lists(st.booleans(), min_size=len(targets), max_size=len(targets)))
+    eos = data.draw(st.lists(st.booleans(), min_size=len(targets), max_size=len(targets)))
+    decision = InfillDraftDecision.read([int(f) for f in above + eos], SimpleNamespace(targets=targets), state)
+    for i in range(n):
+        tail = [index for index, (slot, _) in enumerate(targets) if slot == i]
+        assert decision.confident[i] == all(above[t] or targets[t][1] == verified[i] for t in tail)
+        assert decision.ends[i] == any(eos[t] for t in tail)
 
 
 def test_cache_holds_exactly_the_committed_and_pending_tokens(model64):

@@ -33,8 +33,6 @@ from .stage_interface import (
     after_context,
     causal,
     constrained_scores,
-    first_true,
-    prefix_length,
     stack_rows,
 )
 
@@ -139,20 +137,24 @@ class VerifyDecision(NamedTuple):
 
     @classmethod
     def read(cls, values: list[int], n: int, k: int) -> VerifyDecision:
-        """`values`: per chosen slot its own accepted prefix, then (only when a chosen slot drafts an EOS) per
-        chosen slot the index of its first EOS draft (k: none). The concatenation's prefix runs through every
-        slot accepted whole, into the first that is not."""
-        own = values[:n]
+        """`values`: per draft after the first (n*k - 1), whether its probability given the drafts before it passes
+        the token threshold; then, only when a chosen slot drafted an EOS, per draft whether it is one. A slot's
+        first draft is always accepted (its planning score chose the slot); the concatenation's prefix runs through
+        every slot accepted whole, into the first that is not."""
+        accepted = [1, *values[: n * k - 1]]
+        own = []
+        for i in range(n):
+            length = 1
+            while length < k and accepted[i * k + length]:
+                length += 1
+            own.append(length)
         prefix = 0
         for length in own:
             prefix += length
             if length < k:
                 break
-        first_eos = n * k
-        for i, index in enumerate(values[n:]):
-            if index < k:  # the first EOS of the concatenation: inside the prefix or not at all
-                first_eos = i * k + index if i * k + index < prefix else n * k
-                break
+        eos = values[n * k - 1 :]
+        first_eos = next((j for j in range(prefix) if eos[j]), n * k) if eos else n * k
         return cls(prefix, first_eos, own)
 
 
@@ -199,8 +201,8 @@ class VerifyStage(StageUnit):
 
 def examine_verifications(states: list[SequenceState], logits: torch.Tensor):
     """Verifications of R sequences (n chosen slots each, drafts concatenated in position order; logits
-    [R, n*k, V], row j scoring token j + 1) -> the values [R, n] or [R, 2n] (`VerifyDecision`) and each row's
-    drafts [n*k]."""
+    [R, n*k, V], row j scoring token j + 1) -> the values [R, n*k - 1] or [R, 2n*k - 1] (`VerifyDecision`) and each
+    row's drafts [n*k]."""
     settings, policy = states[0].settings, states[0].policy
     k, rows = settings.slot_size, len(states)
     flat = stack_rows([state.chosen.tokens.flatten() for state in states])  # [R, n*k]
@@ -214,17 +216,12 @@ def examine_verifications(states: list[SequenceState], logits: torch.Tensor):
         return predicted
 
     scores = constrained_scores(policy, logits, offsets).view(rows, n * k, -1)
-    # Token j >= 1 given the drafts before it; the first token of each slot is always accepted (its planning score
-    # chose the slot).
+    # Token j >= 1 given the drafts before it (the first token of each slot is always accepted: not read)
     probs = DraftPolicy.token_probs(scores[:, :-1], flat[:, 1:])  # [R, n*k - 1]
-    accepted = torch.ones(rows, n * k, dtype=torch.bool, device=flat.device)
-    accepted[:, 1:] = probs > settings.token_threshold
-    accepted = accepted.view(rows, n, k)
-    accepted[..., 0] = True
-    read = prefix_length(accepted)  # [R, n] each slot's own accepted prefix
+    read = probs > settings.token_threshold
     if any(any(state.chosen.ends) for state in states):  # where an EOS was drafted (read when planned)
-        read = torch.cat([read, first_true(states[0].is_eos(flat).view(rows, n, k))], dim=-1)
-    return read, list(flat.unbind())
+        read = torch.cat([read, states[0].is_eos(flat)], dim=-1)
+    return read.long(), list(flat.unbind())
 
 
 # ------------------------------------------------------------------------------------------ planning ahead

@@ -94,23 +94,9 @@ def causal(length: int, device: torch.device) -> torch.BoolTensor:
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
 
 
-def next_token_probs(scores: torch.Tensor, tokens: torch.LongTensor) -> torch.Tensor:
-    """scores: [..., n, V] (log-)scores at each position; returns [..., n] where entry j (j >= 1) is the
-    probability of tokens[..., j] given the position before it (softmax of that position's scores). Entry 0 is
-    undefined (set to 0)."""
-    gathered = DraftPolicy.token_probs(scores[..., :-1, :], tokens[..., 1:])
-    first = torch.zeros(tokens[..., :1].shape, dtype=gathered.dtype, device=gathered.device)
-    return torch.cat([first, gathered], dim=-1)
-
-
 def stack_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
     """`torch.stack(tensors)`; one row is a view of it (no copy)."""
     return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
-
-
-def prefix_length(accepted: torch.BoolTensor) -> torch.LongTensor:
-    """Length of the leading run of True along the last dimension."""
-    return accepted.long().cumprod(-1).sum(-1)
 
 
 def first_true(mask: torch.BoolTensor) -> torch.LongTensor:
