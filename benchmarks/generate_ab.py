@@ -86,19 +86,25 @@ def git(*arguments: str) -> str:
     return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def comparison_arguments(description: str, out_name: str, repeats: int, repeats_help: str) -> argparse.ArgumentParser:
+    """The arguments of an A/B against a baseline commit (this script's and `generate_ab_interleaved.py`'s)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="a commit (anything `git archive` takes)")
     parser.add_argument(
         "--runs", type=run_config, nargs="+", default=[("bfloat16", "1,4,16"), ("float32", "1")],
-        help="DTYPE:BATCH_SIZES, one worker per side and round each (default: bfloat16:1,4,16 float32:1)",
+        help="DTYPE:BATCH_SIZES (default: bfloat16:1,4,16 float32:1)",
     )  # fmt: skip
-    parser.add_argument("--rounds", type=positive_int, default=5)
-    parser.add_argument("--repeats", type=positive_int, default=3, help="timed passes per worker (after a warm-up)")
+    parser.add_argument("--repeats", type=positive_int, default=repeats, help=repeats_help)
     parser.add_argument("--prompts", type=positive_int, default=32)
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--threads", type=positive_int, default=1)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generate_ab.json"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / out_name))
+    return parser
+
+
+def main() -> None:
+    parser = comparison_arguments(__doc__, "generate_ab.json", 3, "timed passes per worker (after a warm-up)")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="fresh workers per side and DTYPE:BATCH_SIZES")
     args = parser.parse_args()
     load_before, head_before = os.getloadavg(), git("rev-parse", "--short", "HEAD")
     with tempfile.TemporaryDirectory() as folder:

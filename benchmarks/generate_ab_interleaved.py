@@ -17,18 +17,15 @@ issue 28's goals (at most 0.95 at batch 1, 1.02 at batch 4 and 16).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from generate_ab import GOALS, git, positive_int, run_config, tokens_digest
+from generate_ab import GOALS, comparison_arguments, extract_baseline, git, tokens_digest
 from generate_ab_worker import left_pad
 from results_file import write_results
 
@@ -51,31 +48,8 @@ def generation_package(name: str, source: Path, folder: Path):
     return importlib.import_module(f"{name}.refusion_generate")
 
 
-def baseline_generation(commit: str, folder: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", commit, "src/refusion_hf/generation"], cwd=ROOT, capture_output=True
-    )
-    if archive.returncode != 0:
-        raise SystemExit(f"--baseline {commit}: {archive.stderr.decode().strip() or 'git archive failed'}")
-    path = folder / "baseline.tar"
-    path.write_bytes(archive.stdout)
-    with tarfile.open(path) as tar:
-        tar.extractall(folder / "extracted", filter="data")
-    return folder / "extracted" / "src" / "refusion_hf" / "generation"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", required=True, help="a commit (anything `git archive` takes)")
-    parser.add_argument(
-        "--runs", type=run_config, nargs="+", default=[("bfloat16", "1,4,16"), ("float32", "1")],
-        help="DTYPE:BATCH_SIZES (default: bfloat16:1,4,16 float32:1)",
-    )  # fmt: skip
-    parser.add_argument("--repeats", type=positive_int, default=6, help="timed calls per side and batch")
-    parser.add_argument("--prompts", type=positive_int, default=32)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
-    parser.add_argument("--threads", type=positive_int, default=1)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generate_ab_interleaved.json"))
+    parser = comparison_arguments(__doc__, "generate_ab_interleaved.json", 6, "timed calls per side and batch")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     head = git("rev-parse", "--short", "HEAD")
@@ -88,7 +62,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         sys.path.insert(0, folder)
         generate = {
-            "baseline": generation_package("ab_baseline_generation", baseline_generation(args.baseline, Path(folder)),
+            "baseline": generation_package("ab_baseline_generation",
+                                           extract_baseline(args.baseline, Path(folder)) / "refusion_hf" / "generation",
                                            Path(folder)).refusion_generate,
             "current": generation_package("ab_current_generation", ROOT / "src" / "refusion_hf" / "generation",
                                           Path(folder)).refusion_generate,
