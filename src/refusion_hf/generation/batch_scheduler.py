@@ -88,42 +88,45 @@ def decode_batch(
             spans.append((context_width - query.num_context, kept))
         cache.keep_new_entries(spans, queries)  # 5. the cache keeps what each row kept
 
-    while active or waiting:
-        if active:
-            step(active, kv)
-            num_forward_passes += 1
-        joining = []
-        # Joining costs a prefill forward of its own: wait until a quarter of the rows are free (or none is busy).
-        free = limit - len(active)
-        if free < max(1, limit // JOIN_FRACTION) and active:
-            free = 0
-        while waiting and len(joining) < free:
-            index = waiting.pop()
-            sequences[index] = SequenceState(prompts[index], settings, policy)
-            joining.append(index)
-        if joining:
-            # Requests that join are prefilled (prompt + first plan) in a cache of their own, so that the rows
-            # already decoding are not padded to the prompts' width; their cache rows are appended after.
-            fresh = RaggedKVCache(model.config, len(joining), device, dtype)
-            step(joining, fresh)
-            num_forward_passes += 1
-            kv.extend(fresh)
-            active.extend(joining)
-        if stopping is not None:
-            stopping.update(sequences)
-        if on_step is not None:
-            on_step(sequences)
-        still = [i for i, row in enumerate(active) if sequences[row].stage is not Stage.DONE]
-        if len(still) < len(active):
-            if on_finish is not None:
-                for row in active:
-                    if sequences[row].stage is Stage.DONE:
-                        on_finish(row, sequences[row])
-            kv.select_rows(still)
-            active = [active[i] for i in still]
+    # The decoding loop runs in inference mode (no autograd bookkeeping on its many small tensor ops); the
+    # returned tensors are built after it, as ordinary tensors.
+    with torch.inference_mode():
+        while active or waiting:
+            if active:
+                step(active, kv)
+                num_forward_passes += 1
+            joining = []
+            # Joining costs a prefill forward of its own: wait until a quarter of the rows are free (or none is busy).
+            free = limit - len(active)
+            if free < max(1, limit // JOIN_FRACTION) and active:
+                free = 0
+            while waiting and len(joining) < free:
+                index = waiting.pop()
+                sequences[index] = SequenceState(prompts[index], settings, policy)
+                joining.append(index)
+            if joining:
+                # Requests that join are prefilled (prompt + first plan) in a cache of their own, so that the rows
+                # already decoding are not padded to the prompts' width; their cache rows are appended after.
+                fresh = RaggedKVCache(model.config, len(joining), device, dtype)
+                step(joining, fresh)
+                num_forward_passes += 1
+                kv.extend(fresh)
+                active.extend(joining)
+            if stopping is not None:
+                stopping.update(sequences)
+            if on_step is not None:
+                on_step(sequences)
+            still = [i for i, row in enumerate(active) if sequences[row].stage is not Stage.DONE]
+            if len(still) < len(active):
+                if on_finish is not None:
+                    for row in active:
+                        if sequences[row].stage is Stage.DONE:
+                            on_finish(row, sequences[row])
+                kv.select_rows(still)
+                active = [active[i] for i in still]
 
-    if stopping is not None:
-        stopping.update(sequences)  # a cut in the last update may have left later positions of ended rows unchecked
+        if stopping is not None:
+            stopping.update(sequences)  # a cut in the last update may have left later positions of ended rows unchecked
     length = max(sequence.answer_length for sequence in sequences)
     tokens = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=device)
     commit_step = torch.full((len(sequences), length), -1, dtype=torch.long, device=device)

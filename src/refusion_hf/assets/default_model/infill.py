@@ -16,6 +16,7 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,45 +47,51 @@ class InfillFeed:
         return torch.tensor(starts, dtype=torch.long, device=state.device)
 
 
+@functools.lru_cache(maxsize=256)
+def block_causal(lengths: tuple[int, ...], device: torch.device) -> torch.BoolTensor:
+    """[q, q] causal within each run of `lengths` consecutive query tokens, nothing across runs (q = their sum).
+    Shared (cached per layout): read it, never write into it."""
+    q = sum(lengths)
+    counts = torch.tensor(lengths, dtype=torch.long, device=device)
+    run = torch.repeat_interleave(torch.arange(len(lengths), device=device), counts)
+    return (run[:, None] == run[None, :]) & causal(q, device)
+
+
 def infill_query(state: SequenceState, drafting: bool) -> StageQuery:
     """Each chosen slot feeds what the cache does not hold of it, from its first token not fed yet to its end:
     drafting masks its unverified tail, verifying feeds the drafts. A slot sees its own pending entries and,
     causally, its own query tokens; nothing of the other chosen slots."""
     k, chosen = state.settings.slot_size, state.chosen
-    segments, slots, offsets, starts, scored, targets = [], [], [], [], [], []
+    segments, fed, positions, views, scored, targets = [], [], [], [], [], []
     for i, start in enumerate(chosen.cached):
         if start == k:
             continue
-        first = len(slots)
+        first = len(fed)
         segments.append((first, k - start, i))
-        slots += [i] * (k - start)
-        offsets += range(start, k)
-        starts += [state.prompt_length + chosen.slots[i] * k] * (k - start)
+        fed += range(i * k + start, (i + 1) * k)  # index in the chosen slots' flattened tokens
+        origin = state.prompt_length + chosen.slots[i] * k
+        positions += range(origin + start, origin + k)
+        views += [i * k, (i + 1) * k] * (k - start)  # the slot's own pending tags, [lo, hi)
         if drafting:  # the unverified tail: masks, each predicting itself
             verified = chosen.verified[i]
             scored += range(first + verified - start, first + k - start)
             targets += [(i, j) for j in range(verified, k)]
         else:  # every fed token but the slot's last, predicting the token after it
-            scored += range(first, len(slots) - 1)
+            scored += range(first, len(fed) - 1)
             targets += [(i, j) for j in range(start + 1, k)]
-    q, s = len(slots), len(scored)
-    # one host-to-device copy for the query's layout: [3, q], each token's pending view [q, 2] (its slot's tags),
+    q, s = len(fed), len(scored)
+    # one host-to-device copy for the query's layout: what it feeds, their positions, their pending views [q, 2],
     # the scored tokens and their targets
-    views = [tag for slot in slots for tag in (slot * k, (slot + 1) * k)]
     flat_targets = [slot * k + offset for slot, offset in targets]
-    layout = torch.tensor(
-        slots + offsets + starts + views + scored + flat_targets, dtype=torch.long, device=state.device
-    )
-    slot_index, offset_index = layout[:q], layout[q : 2 * q]
-    positions = layout[2 * q : 3 * q] + offset_index
-    view = layout[3 * q : 5 * q].view(q, 2)
-    scored_index, target_index = layout[5 * q : 5 * q + s], layout[5 * q + s :]
-    tokens = chosen.tokens[slot_index, offset_index]
+    layout = torch.tensor(fed + positions + views + scored + flat_targets, dtype=torch.long, device=state.device)
+    view = layout[2 * q : 4 * q].view(q, 2)
+    scored_index, target_index = layout[4 * q : 4 * q + s], layout[4 * q + s :]
+    tokens = chosen.tokens.view(-1)[layout[:q]]
     if drafting:
         tokens = tokens.index_fill(0, scored_index, state.settings.mask_token_id)
-    visible = (slot_index[:, None] == slot_index[None, :]) & causal(q, state.device)  # block-diagonal causal
+    visible = block_causal(tuple(length for _, length, _ in segments), state.device)
     feed = InfillFeed(segments, targets, scored_index, target_index)
-    query = Query(tokens, positions, visible, pending_view=view)
+    query = Query(tokens, layout[q : 2 * q], visible, pending_view=view)
     return StageQuery(query if state.context is None else after_context(state, query), feed)
 
 
