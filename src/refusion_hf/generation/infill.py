@@ -24,7 +24,7 @@ import torch
 from .draft_policy import DraftPolicy
 from .plan_and_verify import with_lookahead
 from .sequence_state import Kept, Query, SequenceState, Stage
-from .stage_interface import ExaminedPart, StageQuery, StageUnit, after_context, causal
+from .stage_interface import ExaminedPart, StageQuery, StageUnit, accepted_run, after_context, causal
 
 
 @dataclass(frozen=True)
@@ -176,9 +176,7 @@ class InfillVerifyDecision(NamedTuple):
         eos = values[m:]
         verified, eos_in_slot = [], []
         for i, already in enumerate(state.chosen.verified):
-            length = min(already + 1, k)
-            while length < k and above[i][length]:
-                length += 1
+            length = accepted_run(above[i], already + 1, k)
             verified.append(length)
             eos_in_slot.append(next((j for j in range(length) if eos[i * k + j]), k))
         return cls(verified, eos_in_slot)

@@ -24,12 +24,13 @@ from typing import NamedTuple
 import torch
 
 from .draft_policy import DraftPolicy
-from .sequence_state import ChosenSlots, Kept, Query, SequenceState, Stage, slot_offsets
+from .sequence_state import ChosenSlots, Kept, Query, SequenceState, Stage, consecutive, slot_offsets
 from .stage_interface import (
     ExaminedPart,
     Lookahead,
     StageQuery,
     StageUnit,
+    accepted_run,
     after_context,
     causal,
     constrained_scores,
@@ -98,7 +99,7 @@ class PlanStage(StageUnit):
         picked = [i for i, passes in enumerate(decision.passes) if passes] or [decision.best]  # position order
         state.plan_drafts = payload.drafts
         # consecutive picks (the usual case) are a slice: the chosen slots' tensors are then views of the plan's
-        rows = slice(picked[0], picked[-1] + 1) if picked[-1] - picked[0] + 1 == len(picked) else picked
+        rows = slice(picked[0], picked[-1] + 1) if consecutive(picked) else picked
         state.chosen = ChosenSlots(
             slots=[state.pool[i] for i in picked],
             tokens=payload.drafts[rows],
@@ -142,12 +143,7 @@ class VerifyDecision(NamedTuple):
         first draft is always accepted (its planning score chose the slot); the concatenation's prefix runs through
         every slot accepted whole, into the first that is not."""
         accepted = [1, *values[: n * k - 1]]
-        own = []
-        for i in range(n):
-            length = 1
-            while length < k and accepted[i * k + length]:
-                length += 1
-            own.append(length)
+        own = [accepted_run(accepted[i * k : (i + 1) * k], 1, k) for i in range(n)]
         prefix = 0
         for length in own:
             prefix += length

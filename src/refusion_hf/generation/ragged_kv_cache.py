@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from .sequence_state import Kept, Query
+from .stage_interface import stack_rows
 
 
 class RaggedKVCache:
@@ -85,8 +86,7 @@ class RaggedKVCache:
                 F.pad(query.positions, (start, max(0, width - start - query.positions.shape[0])), value=-1)[:width]
                 for (start, _), query in zip(spans, queries)
             ]
-        positions = rows[0][None] if len(rows) == 1 else torch.stack(rows)
-        self.positions = torch.cat([self.positions, positions], dim=1)
+        self.positions = torch.cat([self.positions, stack_rows(rows)], dim=1)
         for row, (_, kept) in enumerate(spans):
             added = sum(length for _, length, _ in kept.pending)
             self.lengths[row] += kept.committed + added - kept.discarded
@@ -209,12 +209,9 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     """
     context_width = max(q.num_context for q in queries)
     scored_width = max(q.num_scored for q in queries)
-    if len(queries) == 1:
-        pads = None  # nothing to pad
-        input_ids, positions, visible = (field[0][None] for field in _fields(queries))
-    elif all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
-        pads = None
-        input_ids, positions, visible = (torch.stack(field) for field in _fields(queries))
+    if all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
+        pads = None  # nothing to pad (always so at batch 1)
+        input_ids, positions, visible = (stack_rows(field) for field in _fields(queries))
     else:
         pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
         input_ids, positions, visible = _pad_queries(queries, pads, pad_token_id)

@@ -104,6 +104,11 @@ class Kept:
         return max([self.committed] + [offset + length for offset, length, _ in self.pending])
 
 
+def consecutive(indices: list[int]) -> bool:
+    """Whether ascending `indices` are consecutive (one range; then a slice or an arange serves)."""
+    return bool(indices) and indices[-1] - indices[0] + 1 == len(indices)
+
+
 def consecutive_runs(slots: list[int]) -> list[tuple[int, int]]:
     """Ascending `slots` as runs of consecutive slots: (first slot, number of slots) each."""
     runs: list[tuple[int, int]] = []
@@ -189,7 +194,7 @@ class SequenceState:
     def slot_positions(self, slots: list[int]) -> torch.LongTensor:
         """[n*k] original positions of the slots' tokens."""
         k, start = self.settings.slot_size, self.prompt_length
-        if slots and slots[-1] - slots[0] + 1 == len(slots):  # consecutive slots (the usual case): one range
+        if consecutive(slots):  # the usual case: one range
             return torch.arange(start + slots[0] * k, start + (slots[-1] + 1) * k, device=self.device)
         return torch.tensor([start + offset for offset in slot_offsets(slots, k)], dtype=torch.long, device=self.device)
 

@@ -100,6 +100,15 @@ def stack_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0][None] if len(tensors) == 1 else torch.stack(tensors)
 
 
+def accepted_run(accepted, start: int, end: int) -> int:
+    """Host flags: from `start` (everything before it accepted), how far the run of accepted entries reaches, at most
+    `end`: the length of an accepted prefix."""
+    length = min(start, end)
+    while length < end and accepted[length]:
+        length += 1
+    return length
+
+
 def first_true(mask: torch.BoolTensor) -> torch.LongTensor:
     """Index of the first True along the last dimension; its size where there is none."""
     return torch.where(mask.any(-1), mask.long().argmax(-1), mask.shape[-1])
