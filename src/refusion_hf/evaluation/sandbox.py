@@ -117,6 +117,7 @@ DENIED_SYSCALLS = (
     "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "uselib", "lookup_dcookie",
     "name_to_handle_at", "open_by_handle_at", "fanotify_init",
     "memfd_create", "memfd_secret", "shmget", "msgget", "mq_open",  # memory outside the address space and tmpfs
+    "io_setup",  # AIO contexts: they draw on the host-wide aio-max-nr
 )  # fmt: skip
 UNAVAILABLE_SYSCALLS = ("clone3",)  # ENOSYS: the C library falls back to clone, whose flags the filter reads
 NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM); CLONE_NEWTIME exists for clone3 only
@@ -124,6 +125,15 @@ NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM); CLONE
     "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }  # fmt: skip
 F_SETPIPE_SZ = 1031  # fcntl() growing a pipe's buffer (64 KiB) up to 1 MiB of kernel memory is refused (EPERM)
+# setsockopt(SOL_SOCKET, ...) of these is refused (EPERM): a socket's buffers stay at the kernel's default size
+# instead of growing to net.core.wmem_max / rmem_max (x2) each. Linux's generic numbers (x86-64, arm64, riscv, ...);
+# the filter is not built where the machine's differ.
+SOCKET_BUFFER_OPTIONS = {"SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_SNDBUFFORCE": 32, "SO_RCVBUFFORCE": 33}
+# socket() and socketpair() of any other family answer EAFNOSUPPORT (what a kernel without that family says);
+# AF_NETLINK only for NETLINK_ROUTE (protocol 0: the C library's if_nameindex, getifaddrs and getaddrinfo's
+# AI_ADDRCONFIG read the network namespace's own interfaces through it).
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+AF_NETLINK, NETLINK_ROUTE = 16, 0
 
 INSTALL_HINT = (
     "install bubblewrap >= 0.8 and libseccomp's Python bindings (`apt-get install bubblewrap python3-seccomp` on "
@@ -140,20 +150,36 @@ OPT_IN_MESSAGE = (
 
 # Exports the seccomp filter as BPF on stdout; run by the sandbox's Python (/usr/bin/python3), which has Debian's
 # python3-seccomp (the package's own interpreter may not). Argument: JSON [denied, unavailable, clone flags,
-# F_SETPIPE_SZ].
+# F_SETPIPE_SZ, socket buffer options, socket families, [AF_NETLINK, NETLINK_ROUTE]]. An `int` argument is compared
+# on its low 32 bits (MASKED_EQ with INT), as the kernel reads it: a value with high bits set cannot slip past.
 _FILTER_BUILDER = """\
-import errno, json, os, sys
+import errno, json, os, socket, sys
 import seccomp
-denied, unavailable, clone_flags, set_pipe_size = json.loads(sys.argv[1])
+denied, unavailable, clone_flags, set_pipe_size, buffer_options, families, netlink = json.loads(sys.argv[1])
+if (socket.SOL_SOCKET, socket.SO_SNDBUF, socket.SO_RCVBUF) != (1, 7, 8):
+    sys.exit("this machine's socket option numbers are not Linux's generic ones")
+INT, EPERM, REFUSED_FAMILY = 0xFFFFFFFF, seccomp.ERRNO(errno.EPERM), seccomp.ERRNO(errno.EAFNOSUPPORT)
 rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
 for name in denied:
-    rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    rules.add_rule(EPERM, name)
 for name in unavailable:
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), name)
 flags_argument = 1 if os.uname().machine.startswith("s390") else 0  # clone(stack, flags) there
 for flag in clone_flags:
-    rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(flags_argument, seccomp.MASKED_EQ, flag, flag))
-rules.add_rule(seccomp.ERRNO(errno.EPERM), "fcntl", seccomp.Arg(1, seccomp.EQ, set_pipe_size))
+    rules.add_rule(EPERM, "clone", seccomp.Arg(flags_argument, seccomp.MASKED_EQ, flag, flag))
+rules.add_rule(EPERM, "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, INT, set_pipe_size))
+for option in buffer_options:
+    level = seccomp.Arg(1, seccomp.MASKED_EQ, INT, socket.SOL_SOCKET)
+    rules.add_rule(EPERM, "setsockopt", level, seccomp.Arg(2, seccomp.MASKED_EQ, INT, option))
+family_netlink, protocol_route = netlink
+for call in ("socket", "socketpair"):
+    for family in range(family_netlink + 1):
+        if family == family_netlink:  # any protocol but NETLINK_ROUTE (compared on all 64 bits: stricter)
+            family_arg = seccomp.Arg(0, seccomp.MASKED_EQ, INT, family)
+            rules.add_rule(REFUSED_FAMILY, call, family_arg, seccomp.Arg(2, seccomp.NE, protocol_route))
+        elif family not in families:
+            rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.MASKED_EQ, INT, family))
+    rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.GT, family_netlink))  # high bits set included
 rules.export_bpf(sys.stdout)
 """
 
@@ -197,6 +223,8 @@ class ExecutionResult:
     status: str  # "passed", "failed" or "timed out"
     detail: str  # the last line of the program's stderr (e.g. "AssertionError"), or why it stopped
     seconds: float
+    stdout: str = ""  # the last 4 KiB of what reached the program's stdout (Python's buffer is not flushed when
+    stderr: str = ""  # and stderr                     the runner leaves with os._exit after the tests)
 
 
 def code_execution_allowed(allow_code_execution: bool | None = None) -> bool:
@@ -300,6 +328,7 @@ class _Outcome:
     completed: bool  # the runner wrote this run's nonce after the last source returned
     stderr: str  # its tail
     seconds: float
+    stdout: str = ""  # its tail
 
 
 def _execute(
@@ -363,12 +392,22 @@ def _execute(
         seconds = time.perf_counter() - start
         with open(evidence_path, "rb") as evidence:
             completed = nonce in evidence.read(OUTPUT_LIMIT_BYTES)
-        return _Outcome(returncode, timed_out, completed, _tail(stderr_path), seconds)
+        return _Outcome(returncode, timed_out, completed, _tail(stderr_path), seconds, _tail(stdout_path))
 
 
 def _seccomp_filter(python: str) -> bytes:
     """The filter as BPF, exported by libseccomp's Python bindings under the sandbox's interpreter."""
-    spec = json.dumps([DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values()), F_SETPIPE_SZ])
+    spec = json.dumps(
+        [
+            DENIED_SYSCALLS,
+            UNAVAILABLE_SYSCALLS,
+            sorted(NAMESPACE_CLONE_FLAGS.values()),
+            F_SETPIPE_SZ,
+            sorted(SOCKET_BUFFER_OPTIONS.values()),
+            sorted(SOCKET_FAMILIES.values()),
+            [AF_NETLINK, NETLINK_ROUTE],
+        ]
+    )
     try:
         built = subprocess.run([python, "-I", "-c", _FILTER_BUILDER, spec], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -502,11 +541,12 @@ def run_program(
         memory_bytes=memory_limit_mb * 2**20 // max_processes,
         processes=max_processes + 1,  # + bwrap's init, the same uid in the same user namespace
     )
+    output = {"stdout": outcome.stdout, "stderr": outcome.stderr}
     if outcome.timed_out:
-        return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", outcome.seconds)
+        return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", outcome.seconds, **output)
     if outcome.returncode == 0 and outcome.completed:
-        return ExecutionResult(True, "passed", "", outcome.seconds)
-    return ExecutionResult(False, "failed", _failure_detail(outcome), outcome.seconds)
+        return ExecutionResult(True, "passed", "", outcome.seconds, **output)
+    return ExecutionResult(False, "failed", _failure_detail(outcome), outcome.seconds, **output)
 
 
 def run_programs(
