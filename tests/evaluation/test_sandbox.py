@@ -11,7 +11,9 @@ is on the host), where it must touch the canaries: so file permissions alone do 
 fail. tests/evaluation/sandbox_mutants.py checks that these tests catch a weakened sandbox."""
 
 import ctypes
+import functools
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -239,6 +241,23 @@ def test_patching_the_interpreter_cannot_turn_a_failure_into_a_pass():
         assert not run(program).passed, program
 
 
+def test_writing_to_the_evidence_file_without_the_nonce_is_a_failure():
+    """The program can find the runner's evidence file among its open files; what it writes there is no evidence."""
+    forged = run(
+        """
+        import os
+        for fd in os.listdir('/proc/self/fd'):
+            try:
+                os.write(int(fd), b'0' * 64 + b'\\n')
+            except OSError:
+                pass
+        os._exit(0)
+        """,
+        tests="assert False",
+    )
+    assert not forged.passed and forged.status == "failed", forged
+
+
 def test_isolation_is_reported():
     report = isolation_report()
     assert report["tool"].startswith("bubblewrap")
@@ -464,15 +483,24 @@ DOCUMENTED_LIMITS = {  # run with timeout 10 s, 1024 MB, 4 processes (+ bwrap's 
 }  # fmt: skip
 
 
-def test_the_sandboxed_process_seen_from_the_host():
+def raised_core_limit(popen, *args, **kwargs):
+    """subprocess.Popen with RLIMIT_CORE raised to 1 MiB in the child (a caller that allows core dumps)."""
+    kwargs["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_CORE, (2**20, resource.RLIM_INFINITY))
+    return popen(*args, **kwargs)
+
+
+def test_the_sandboxed_process_seen_from_the_host(monkeypatch):
     """What the host's /proc says about a sandboxed process: other namespaces than the host's, an unprivileged host
     uid, no capabilities, the seccomp filter and no-new-privileges, the documented limits, and a mount table with
     nothing of the host but /usr (read-only) and the harmless device nodes. Unsandboxed, each differs."""
+    if resource.getrlimit(resource.RLIMIT_CORE)[0] == 0:  # a caller allowing core dumps: the sandbox does not
+        monkeypatch.setattr(sandbox.subprocess, "Popen", functools.partial(raised_core_limit, subprocess.Popen))
     host_devices = {line.split()[2] for line in open("/proc/self/mountinfo")}
     host_namespaces = {name: os.readlink(f"/proc/self/ns/{name}") for name in NAMESPACES}
     plain = observe(lambda source: unsandboxed(source, timeout=30, as_root=True))
     assert plain["namespaces"] == host_namespaces and plain["status"]["Seccomp"] == "0"
     assert plain["limits"]["Max open files"] != DOCUMENTED_LIMITS["Max open files"]
+    assert plain["limits"]["Max core file size"] != "0"
     assert any(line[4] == "/tmp" or line[4] == "/" and line[2] in host_devices for line in plain["mounts"])
 
     seen = observe(lambda source: run(source, timeout=10))

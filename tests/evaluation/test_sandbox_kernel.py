@@ -7,6 +7,7 @@ unsandboxed), also when the arguments' high 32 bits are set. Then the memory a r
 filled stops at its cap, forked children together stop at `memory_limit_mb`, and concurrent runs do not share their
 process limit. Only the tests whose unsandboxed half needs root are skipped for other users."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -227,7 +228,7 @@ def test_socket_buffers_and_families():
     created; inside, growing a buffer is refused (EPERM, the buffer keeps the kernel's default) and other families
     answer EAFNOSUPPORT, also with the high bits of the int arguments set; AF_UNIX, AF_INET(6) and netlink's
     NETLINK_ROUTE (what the C library reads interfaces with) still work."""
-    options = sandbox.SOCKET_BUFFER_OPTIONS
+    options = {"SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_SNDBUFFORCE": 32, "SO_RCVBUFFORCE": 33}  # Linux's generic numbers
     program = SOCKETS.format(numbers=syscall_numbers(["setsockopt", "socket", "socketpair"]), options=options)
     plain = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, text=True, timeout=30)
     outside = json.loads(plain.stdout)
@@ -245,8 +246,61 @@ def test_socket_buffers_and_families():
     assert {key: inside[key] for key in allowed} == dict.fromkeys(allowed, 0)
 
 
+FORCED_BUFFERS = r"""
+import ctypes, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if len(sys.argv) > 1:  # install the sandbox's filter on this process alone, as bwrap does
+    program = open(sys.argv[1], "rb").read()
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)), 0, 0) == 0  # SECCOMP_MODE_FILTER
+one, _ = socket.socketpair()
+for option in (32, 33):  # SO_SNDBUFFORCE, SO_RCVBUFFORCE: past net.core.wmem_max / rmem_max, with CAP_NET_ADMIN
+    try:
+        one.setsockopt(socket.SOL_SOCKET, option, 2**20)
+        print(option, "set")
+    except OSError as error:
+        print(option, error.errno)
+"""
+
+
+@needs_root
+def test_the_filter_alone_refuses_the_forced_buffer_options(tmp_path):
+    """In the sandbox the kernel refuses SO_SNDBUFFORCE / SO_RCVBUFFORCE anyway (no CAP_NET_ADMIN); the filter
+    refuses them too, should a capability ever be left: installed on a plain root process, where they work."""
+    path = tmp_path / "filter.bpf"
+    path.write_bytes(sandbox._sandbox().seccomp_filter)
+    command = [sys.executable, "-I", "-c", FORCED_BUFFERS]
+    assert subprocess.run(command, capture_output=True, text=True).stdout.split() == ["32", "set", "33", "set"]
+    filtered = subprocess.run([*command, str(path)], capture_output=True, text=True)
+    assert filtered.stdout.split() == ["32", str(errno.EPERM), "33", str(errno.EPERM)], filtered.stderr
+
+
 def outcomes_keys(options):
     return [key for option in options for key in (option, option + ", high bits")]
+
+
+def test_disable_userns_alone_refuses_a_nested_user_namespace(monkeypatch):
+    """Defence in depth: with a seccomp filter that allows every call (memfd_create, which the real filter refuses,
+    succeeds: the filter is gone), bwrap's --disable-userns still keeps the program from creating a user namespace
+    (which works unsandboxed: test_no_nested_user_namespace)."""
+    builder = "import seccomp, sys\nseccomp.SyscallFilter(defaction=seccomp.ALLOW).export_bpf(sys.stdout)"
+    allow_all = subprocess.run(["/usr/bin/python3", "-I", "-c", builder], capture_output=True, check=True).stdout
+    permissive = dataclasses.replace(sandbox._sandbox(), seccomp_filter=allow_all)
+    monkeypatch.setattr(sandbox, "_sandbox", lambda: permissive)
+    program = textwrap.dedent(
+        """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("memfd_create", libc.memfd_create(b"probe", 0) >= 0, flush=True)
+        print("unshare", libc.unshare(0x10000000) == 0, flush=True)  # CLONE_NEWUSER
+        """
+    )
+    result = run_program(program, allow_code_execution=True)
+    assert result.stdout.split() == ["memfd_create", "True", "unshare", "False"], result
 
 
 def test_no_nested_user_namespace():

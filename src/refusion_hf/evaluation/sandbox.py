@@ -172,14 +172,15 @@ for option in buffer_options:
     level = seccomp.Arg(1, seccomp.MASKED_EQ, INT, socket.SOL_SOCKET)
     rules.add_rule(EPERM, "setsockopt", level, seccomp.Arg(2, seccomp.MASKED_EQ, INT, option))
 family_netlink, protocol_route = netlink
+top = max([*families, family_netlink])
 for call in ("socket", "socketpair"):
-    for family in range(family_netlink + 1):
+    for family in range(top + 1):
         if family == family_netlink:  # any protocol but NETLINK_ROUTE (compared on all 64 bits: stricter)
             family_arg = seccomp.Arg(0, seccomp.MASKED_EQ, INT, family)
             rules.add_rule(REFUSED_FAMILY, call, family_arg, seccomp.Arg(2, seccomp.NE, protocol_route))
         elif family not in families:
             rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.MASKED_EQ, INT, family))
-    rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.GT, family_netlink))  # high bits set included
+    rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.GT, top))  # high bits set included
 rules.export_bpf(sys.stdout)
 """
 
