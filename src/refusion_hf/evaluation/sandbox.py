@@ -10,7 +10,9 @@ and libseccomp is what Flatpak, systemd and container runtimes build their filte
 boundary of its own: it builds bwrap's command line, runs it and reads what came back.
 
 Each program runs as follows (every property has an escape test in tests/evaluation/test_sandbox.py and
-tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandboxed):
+tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandboxed and its effect observed from the
+host: canaries planted before the run, the sandboxed process's state read from the host's /proc;
+tests/evaluation/sandbox_mutants.py checks that each weakening of this module fails one of them):
 
 * **Opt-in.** Nothing runs unless the caller passes `allow_code_execution=True` or the environment has
   `HF_ALLOW_CODE_EVAL=1` (the variable Hugging Face's `code_eval` uses); otherwise `CodeExecutionNotAllowed`.
@@ -20,18 +22,25 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
 * **Nothing of the host.** New mount, user, PID, network, IPC, UTS and cgroup namespaces. The file system is
   `/usr` (read-only: the Python runtime and its standard library), a fresh `/proc` of its own PID namespace, a
   minimal read-only `/dev` (null, zero, full, random, urandom, tty and a private pts; no device of the host), the
-  program (read-only) and two empty size-capped tmpfs: the working directory `/work` (`WORK_DIR_BYTES`) and
-  `/dev/shm` (`SHM_BYTES`, for multiprocessing's semaphores). `/` itself is read-only. No home, no repository, no
-  `/etc`, no `/tmp`, no host sockets or FIFOs, no network interface but its own loopback.
-* **No kernel attack surface beyond plain processes and files.** User namespaces are disabled inside
-  (`--disable-userns`: creating one fails), and a seccomp filter (`DENIED_SYSCALLS`) refuses with EPERM io_uring,
-  the kernel keyrings, ptrace and cross-process memory access, bpf, perf_event_open, userfaultfd, every namespace
-  and mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file handles,
+  program (read-only) and two empty size-capped tmpfs: the working directory `/work` (`WORK_DIR_BYTES`, 64 MiB)
+  and `/dev/shm` (`SHM_BYTES`, 16 MiB, for multiprocessing's semaphores). `/` itself is read-only. No home, no
+  repository, no `/etc`, no `/tmp`, no host sockets (at a path or abstract), FIFOs, SysV IPC objects or processes,
+  no network interface but its own loopback.
+* **No kernel attack surface beyond plain processes, files and sockets.** User namespaces are disabled inside
+  (`--disable-userns`: creating one fails, with or without the filter), and a seccomp filter (`DENIED_SYSCALLS`)
+  refuses with EPERM io_uring and AIO contexts (`io_setup`, which draw on the host-wide `fs.aio-max-nr`), the
+  kernel keyrings, ptrace and cross-process memory access, bpf, perf_event_open, userfaultfd, every namespace and
+  mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file handles,
   fanotify, and the memory that is neither address space nor a capped tmpfs (memfd, SysV shared memory and message
-  queues, POSIX message queues, pipe buffers grown with `F_SETPIPE_SZ`); `clone` with a namespace flag is refused,
-  and `clone3` (whose flags a filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak
-  does. Other architectures' system-call numbers (i386, x32) kill the process (libseccomp's default for a foreign
-  architecture).
+  queues, POSIX message queues, pipe buffers grown with `F_SETPIPE_SZ`, socket buffers grown with `setsockopt`
+  `SO_SNDBUF`, `SO_RCVBUF`, `SO_SNDBUFFORCE` or `SO_RCVBUFFORCE`); `clone` with a namespace flag is refused, and
+  `clone3` (whose flags a filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak
+  does. `socket` and `socketpair` answer EAFNOSUPPORT for every family but AF_UNIX, AF_INET, AF_INET6 and netlink's
+  NETLINK_ROUTE (no AF_VSOCK, AF_PACKET, AF_ALG, audit or uevent netlink, ...; NETLINK_ROUTE stays because the C
+  library's `if_nameindex`, `getifaddrs` and `getaddrinfo(AI_ADDRCONFIG)` read the network namespace's own
+  interfaces through it). An `int` argument is compared on its low 32 bits, as the kernel reads it, so a value with
+  its high bits set cannot slip past a rule. Other architectures' system-call numbers (i386, x32) kill the process
+  (libseccomp's default for a foreign architecture).
 * **Killed as a whole.** The program is a child of bwrap's init in its own PID namespace: when the run ends
   (exit, time-out, or the caller's death: `--die-with-parent`) the namespace goes and every process in it.
 * **Limits** (`prlimit`, applied inside the sandbox, after its user namespace exists): wall time (killed), CPU
@@ -41,9 +50,11 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
   runs go on at once. Each task gets `memory_limit_mb / max_processes` of address space, so everything the run
   forks holds at most `memory_limit_mb` of memory together; with the two tmpfs caps, a run holds at most
   `memory_limit_mb` + `WORK_DIR_BYTES` + `SHM_BYTES` of host memory, plus what the kernel keeps for it that no
-  rlimit counts (page tables, and the buffers of its at most `OPEN_FILES_LIMIT` pipes and sockets per process at
-  the kernel's default sizes, which it cannot grow: `F_SETPIPE_SZ` is refused; measured, 30 full pipes hold 2 MiB,
-  30 full socket pairs 6 MiB) and bubblewrap's own two small processes.
+  rlimit counts: page tables, bubblewrap's own two small processes, and the buffers of its at most
+  `OPEN_FILES_LIMIT` pipes and sockets per process at the kernel's default sizes, which it cannot grow (measured,
+  30 full pipes hold 2 MiB, 30 full unix socket pairs 6 MiB). Not bounded further: TCP over the run's own loopback,
+  whose buffers the kernel autotunes without `setsockopt` (measured, 3.7 MiB queued on one unread connection, so
+  about 115 MiB for a process that fills its 64 open files with such connections).
 * **Cleanup cannot fail because of the program**: all it can write is its tmpfs, which vanishes with its mount
   namespace; the host side is a temporary folder holding only the inputs and the three output files.
 
@@ -224,8 +235,10 @@ class ExecutionResult:
     status: str  # "passed", "failed" or "timed out"
     detail: str  # the last line of the program's stderr (e.g. "AssertionError"), or why it stopped
     seconds: float
-    stdout: str = ""  # the last 4 KiB of what reached the program's stdout (Python's buffer is not flushed when
-    stderr: str = ""  # and stderr                     the runner leaves with os._exit after the tests)
+    # The last 4 KiB of what reached the program's stdout and stderr files (what Python still buffers is lost when
+    # the runner leaves with os._exit after the tests).
+    stdout: str = ""
+    stderr: str = ""
 
 
 def code_execution_allowed(allow_code_execution: bool | None = None) -> bool:
@@ -398,17 +411,9 @@ def _execute(
 
 def _seccomp_filter(python: str) -> bytes:
     """The filter as BPF, exported by libseccomp's Python bindings under the sandbox's interpreter."""
-    spec = json.dumps(
-        [
-            DENIED_SYSCALLS,
-            UNAVAILABLE_SYSCALLS,
-            sorted(NAMESPACE_CLONE_FLAGS.values()),
-            F_SETPIPE_SZ,
-            sorted(SOCKET_BUFFER_OPTIONS.values()),
-            sorted(SOCKET_FAMILIES.values()),
-            [AF_NETLINK, NETLINK_ROUTE],
-        ]
-    )
+    spec = [DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values()), F_SETPIPE_SZ]
+    spec += [sorted(SOCKET_BUFFER_OPTIONS.values()), sorted(SOCKET_FAMILIES.values()), [AF_NETLINK, NETLINK_ROUTE]]
+    spec = json.dumps(spec)
     try:
         built = subprocess.run([python, "-I", "-c", _FILTER_BUILDER, spec], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -488,7 +493,9 @@ def isolation_report() -> dict:
         "tool": sandbox.version,
         "namespaces": ["user", "mount", "pid", "network", "ipc", "uts", "cgroup"],
         "nested_user_namespaces": "disabled",
-        "seccomp": f"libseccomp filter: {len(DENIED_SYSCALLS)} system calls refused, clone with namespace flags",
+        "seccomp": f"libseccomp filter: {len(DENIED_SYSCALLS)} system calls refused, clone with namespace flags, "
+        "pipe and socket buffers grown",
+        "sockets": "AF_UNIX, AF_INET, AF_INET6 and netlink's NETLINK_ROUTE only, on the run's own loopback",
         "host_uid": f"{SANDBOX_UID_BASE}+ (one per run)" if os.geteuid() == 0 else str(os.geteuid()),
         "uid_inside": SANDBOX_INNER_UID,
         "capabilities": "none",
