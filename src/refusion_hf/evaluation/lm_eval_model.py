@@ -37,18 +37,22 @@ per request, and is not offered here.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from transformers import GenerationConfig
 
-from ..command_inputs import CommandError
-from ..generation.refusion_generate import answer_lengths, eos_token_ids
+from ..command_inputs import CommandError, first_line
+from ..generation.refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
 from ..modeling import RefusionConfig, RefusionForCausalLM
 
@@ -83,6 +87,8 @@ class RefusionLM(HFLM):
     ):
         knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
         preset_knobs = self.check_model_args(preset=preset, continuous_batching=continuous_batching, backend=backend)
+        self.check_folder_args(pretrained, preset=preset, trust_remote_code=trust_remote_code,
+                               tokenizer=kwargs.get("tokenizer"), **knobs)  # fmt: skip
         if trust_remote_code:
             warnings.warn(
                 "trust_remote_code=True reaches the tokenizer only (AutoTokenizer may run the folder's tokenizer and "
@@ -114,6 +120,51 @@ class RefusionLM(HFLM):
             return preset_settings(preset) if preset is not None else {}
         except ValueError as error:
             raise CommandError(f"model arg preset: {error}") from None
+
+    @staticmethod
+    def check_folder_args(pretrained, preset=None, trust_remote_code=False, tokenizer=None, **model_args) -> None:
+        """The model args that meet the checkpoint folder, checked before anything loads (a `CommandError`, one line
+        in `refusion lm-eval`):
+
+        * the decoding knobs (and `preset`) merged over the folder's generation_config.json as `generate` merges them
+          (`merge_generation_config`) and validated: a value out of range (`slot_size=0`) would fail at the first
+          request;
+        * a tokenizer whose tokenizer_config.json names its own code (`auto_map`) needs `trust_remote_code=True`:
+          without it, transformers fails (a `refusion` folder) or silently loads another, built-in tokenizer
+          (a `qwen3` one)."""
+        if not isinstance(pretrained, (str, os.PathLike)):  # a model object: HFLM's, nothing of a folder to check
+            return
+        folder = Path(pretrained)
+        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):  # else a tokenizer object: nothing to read
+            flag = f"pretrained={pretrained}" if tokenizer is None else f"tokenizer={tokenizer}"
+            tokenizer_config = _json_object(Path(tokenizer or folder) / "tokenizer_config.json")
+            if tokenizer_config.get("auto_map") and trust_remote_code is not True:
+                raise CommandError(
+                    f"--model_args {flag}: tokenizer_config.json names the tokenizer's own code (auto_map "
+                    f"{tokenizer_config['auto_map']}), which runs only with trust_remote_code=True: add it to "
+                    "--model_args if you trust that code, or remove auto_map from tokenizer_config.json if "
+                    "tokenizer.json is the whole tokenizer."
+                )
+        knobs = {name: value for name, value in model_args.items() if name in KNOBS and value is not None}
+        settings = {**(preset_settings(preset) if preset is not None else {}), **knobs}
+        settings.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
+        saved = _json_object(folder / "generation_config.json")
+        stand_in = SimpleNamespace(generation_config=GenerationConfig.from_dict(saved) if saved else None,
+                                   config=SimpleNamespace(eos_token_id=None))  # fmt: skip
+        try:
+            merge_generation_config(stand_in, None, settings)
+        except (ValueError, TypeError) as error:
+            given = ", ".join(f"{name}={value}" for name, value in {"preset": preset, **knobs}.items()
+                              if value is not None)  # fmt: skip
+            if given:
+                raise CommandError(
+                    f"--model_args {given}: {first_line(error)} Fix it, or drop it (the checkpoint's "
+                    "generation_config.json and the defaults then apply)."
+                ) from None
+            raise CommandError(
+                f"--model_args pretrained={pretrained}: the folder's generation_config.json does not validate "
+                f"({first_line(error)}); fix it, or pass the decoding knobs as model args."
+            ) from None
 
     def _share_requests_with_the_launched_processes(self, tensor_parallel: bool) -> None:
         """Under `accelerate launch` with N processes, each process decodes its 1/N of the requests (lm-eval gathers
@@ -319,3 +370,12 @@ class RefusionLM(HFLM):
                 "tokens_per_second": stats["tokens"] / stats["seconds"] if stats["seconds"] else None,
             }
         return {"preset": self.preset, "settings": self.decoding_kwargs, "tasks": tasks}
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`; empty when there is none (a Hub id, no such file: checked where it loads)."""
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
