@@ -1,8 +1,7 @@
 """`refusion lm-eval` refuses, in one line and before anything loads, the model args that lm-eval would otherwise
-carry to a traceback: a decoding knob out of range (`slot_size=0` failed at the first request) and a folder whose
-tokenizer names its own code without `trust_remote_code=True` (transformers raised for a `refusion` folder, and
-silently loaded its built-in tokenizer for a `qwen3` one). Through the real CLI (`refusion_hf.cli.main`), and
-through `RefusionLM` as lm-eval builds it."""
+carry to a traceback: a decoding knob out of range (`slot_size=0` failed at the first request), before anything loads,
+and a tokenizer that transformers loads only by running its own code, without `trust_remote_code=True`. Through the
+real CLI (`refusion_hf.cli.main`), and through `RefusionLM` as lm-eval builds it."""
 
 import json
 import shutil
@@ -67,25 +66,32 @@ def _folder_with_tokenizer_code(tmp_path, model_type: str):
     return folder, marker
 
 
-@pytest.mark.parametrize("model_type", ["refusion", "qwen3"])
-def test_a_tokenizer_with_its_own_code_needs_trust_remote_code(tmp_path, capsys, offline, model_type):
-    folder, marker = _folder_with_tokenizer_code(tmp_path, model_type)
+def test_a_tokenizer_that_needs_its_own_code_is_one_line(tmp_path, capsys, offline, monkeypatch):
+    """transformers refuses to load it without trust_remote_code=True (no built-in class to fall back on): refused
+    before lm-eval indexes its tasks (seconds) and builds the model."""
+    from lm_eval.tasks import TaskManager
+
+    folder, marker = _folder_with_tokenizer_code(tmp_path, "refusion")
+
+    def not_yet(*args, **kwargs):
+        raise AssertionError("lm-eval indexed its tasks before the refusal")
+
+    monkeypatch.setattr(TaskManager, "__init__", not_yet)
     message = user_error(capsys, _lm_eval(f"pretrained={folder}"))
-    assert message.startswith(f"--model_args pretrained={folder}: tokenizer_config.json names the tokenizer's own code")
-    assert "trust_remote_code=True" in message and "tok.Tok" in message
+    assert message.startswith(f"--model_args pretrained={folder}: the tokenizer needs its own code (tokenizer_config"
+                              ".json auto_map {'AutoTokenizer': ['tok.Tok', None]}), which transformers runs only with "
+                              "trust_remote_code=True: add trust_remote_code=True to --model_args")  # fmt: skip
     assert not marker.exists(), "no code of the folder ran"
 
 
-def test_the_model_class_refuses_them_before_loading(tmp_path, offline):
+def test_the_model_class_refuses_them(tmp_path, offline):
     """lm-eval's `simple_evaluate(model="refusion", model_args=...)` builds `RefusionLM` without `refusion lm-eval`'s
-    checks: the class itself refuses, before HFLM loads anything."""
+    checks: the class itself refuses (the knobs before HFLM loads anything)."""
     with pytest.raises(CommandError, match="slot_size=0: `slot_size` must be an integer >= 1"):
         RefusionLM(pretrained=str(FIXTURE), slot_size=0)
-    folder, _ = _folder_with_tokenizer_code(tmp_path, "refusion")
-    with pytest.raises(CommandError, match="names the tokenizer's own code"):
+    folder, marker = _folder_with_tokenizer_code(tmp_path, "refusion")
+    with pytest.raises(CommandError, match=f"--model_args pretrained={folder}: the tokenizer needs its own code"):
         RefusionLM(pretrained=str(folder))
-    # A separate tokenizer folder is the one checked, and trust_remote_code=True lets the code run (lm-eval's choice).
-    with pytest.raises(CommandError, match=f"--model_args tokenizer={folder}: "):
-        RefusionLM.check_folder_args(str(FIXTURE), tokenizer=str(folder))
-    RefusionLM.check_folder_args(str(folder), trust_remote_code=True)
-    RefusionLM.check_folder_args(str(folder), tokenizer=str(FIXTURE))
+    with pytest.raises(CommandError, match=f"--model_args tokenizer={folder}: the tokenizer needs its own code"):
+        RefusionLM(pretrained=str(FIXTURE), tokenizer=str(folder))
+    assert not marker.exists()
