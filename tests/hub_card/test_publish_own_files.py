@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import subprocess
 
 import pytest
 from safetensors import SafetensorError
@@ -122,3 +123,22 @@ def test_a_full_disk_leaves_no_published_folder(capsys, tmp_path, monkeypatch):
     code, _, err = run_cli(capsys, "--model", FIXTURE, "--out", out)
     assert_one_clear_error(code, err, f"--out {out}: writing it failed (Error while serializing: I/O error: No space")
     assert os.listdir(tmp_path) == [], "no published folder, no staging folder"
+
+
+def test_a_mount_point_inside_the_folder_is_refused(capsys, tmp_path):
+    """Another file system mounted into the folder (as a bind mount of a host directory would be); root only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    source = tmp_path / "model"
+    shutil.copytree(FIXTURE, source)
+    (source / TEMPLATES).mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(source / TEMPLATES)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        code, _, err = run_cli(capsys, "--model", source, "--out", tmp_path / "out")
+    finally:
+        subprocess.run(["umount", str(source / TEMPLATES)], check=True)
+    assert_one_clear_error(code, err, f"--model {source}: {TEMPLATES} is a mount point")
+    assert sorted(os.listdir(tmp_path)) == ["model"]
