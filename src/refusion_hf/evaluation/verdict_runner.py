@@ -1,20 +1,21 @@
 """The two processes of a code verdict, both inside the sandbox (sandbox.py runs this file there as a script, with
 the sandbox's own interpreter; it imports nothing but the standard library).
 
-* **The judge** (`judge`, the sandbox's first process) holds what decides the verdict: the tests' source (read from
-  a descriptor and closed, never a file in the sandbox), the per-run nonce and the descriptor of the host's verdict
+* **The judge** (`judge`, the sandbox's first process) holds what decides the verdict: the tests' source (read from a
+  descriptor and closed, never a file in the sandbox), the per-run nonce and the descriptor of the host's verdict
   file. It makes itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`: no process without `CAP_SYS_PTRACE`, and the
-  sandbox has none, may open its `/proc/<pid>/mem`, `fd`, `environ`...; ptrace and process_vm_readv are refused by
-  the seccomp filter besides), then starts the candidate and runs the tests itself, with every name the program
-  defines replaced by a proxy that forwards the call. The verdict, a JSON record with the nonce, is written by the
-  judge alone, through a descriptor the candidate never has.
-* **The candidate** (`serve`, started by the judge with `posix_spawn`, fresh interpreter) runs the program as
-  `__main__`, reports what it defined, then answers calls. Everything it sends is untrusted: length-prefixed JSON
-  frames (at most `MAX_FRAME` bytes), each reply checked against the request's id, and values decoded by
-  `decode` into plain data only (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset). An object
-  of any other type (an always-equal object, a generator, a class instance, a function) cannot be sent, and is a
-  failure; so is any broken frame, a wrong id, or the candidate exiting. These failures are sticky: tests that
-  catch the exception still fail.
+  sandbox has none, may open its `/proc/<pid>/mem`, `fd`, `environ`...; ptrace and process_vm_readv are refused by the
+  seccomp filter besides), starts the candidate and runs the tests itself, with every name the program defines
+  replaced by a proxy that forwards the call. The verdict, a JSON record with the nonce, is written by the judge
+  alone, through a descriptor the candidate closes before any of the program's code runs.
+* **The candidate** (`serve`, forked by the judge before the judge reads the nonce or the tests, keeping no descriptor
+  but stdin, stdout, stderr and its two channel ends, and waiting for the judge's start until the judge is protected)
+  runs the program as `__main__`, reports what it defined, then answers calls. Everything it sends is untrusted:
+  length-prefixed JSON frames (at most `MAX_FRAME` bytes), each reply checked against the request's id, and values
+  decoded by `decode` into plain data only (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset). An
+  object of any other type (an always-equal object, a generator, a class instance, a function) cannot be sent, and is
+  a failure; so is any broken frame, a wrong id, or the candidate exiting. These failures are sticky: tests that catch
+  the exception still fail.
 
 The names the tests can get from the program: its callables (as proxies), its plain-data globals (as values), and
 `import x` of a standard-library module `x` (the judge imports its own). Never a builtin's name (`abs`, `print`,
@@ -368,10 +369,16 @@ def _protect_self() -> None:
 
 def judge(nonce_fd: int, verdict_fd: int, tests_fd: int | None, program_path: str) -> None:
     """Run the tests against the candidate and write the verdict (trusted side); see the module docstring."""
-    os.set_inheritable(verdict_fd, False)  # and closed in every process the judge starts
+    requests_in, requests_out = os.pipe()
+    replies_in, replies_out = os.pipe()
+    pid = os.fork()  # before this process reads a secret: the candidate starts with none, and costs no interpreter
+    if pid == 0:
+        _candidate(requests_in, replies_out, program_path)
+    os.close(requests_in)
+    os.close(replies_out)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the candidate may signal it; KeyboardInterrupt would reach the tests
     nonce = b""
-    while chunk := os.read(nonce_fd, 64):
+    while chunk := os.read(nonce_fd, 64):  # the candidate is waiting for the start: it has run no program code
         nonce += chunk
     try:
         _protect_self()
@@ -379,13 +386,9 @@ def judge(nonce_fd: int, verdict_fd: int, tests_fd: int | None, program_path: st
         if tests_fd is not None:
             with os.fdopen(tests_fd, "rb", closefd=False) as source:
                 tests = source.read().decode("utf-8", errors="replace")
-        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:  # the candidate inherits none of them
-            if fd > 2 and fd != verdict_fd:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        passed, detail = _verdict(tests, program_path)
+        channel = _Channel(requests_out, replies_in, pid)
+        send(requests_out, {"start": True})  # the candidate runs the program only now, this process protected
+        passed, detail = _verdict(channel, tests)
     except Exception as error:  # noqa: BLE001 - no verdict but a failure
         passed, detail = False, f"the checker could not run the tests ({_words(error)})"
     record = {"nonce": nonce.decode(), "passed": passed, "detail": detail}
@@ -395,20 +398,27 @@ def judge(nonce_fd: int, verdict_fd: int, tests_fd: int | None, program_path: st
     os._exit(0)
 
 
-def _verdict(tests: str | None, program_path: str) -> tuple[bool, str]:
+def _candidate(requests: int, replies: int, program_path: str) -> None:
+    """The forked child: keep only stdin, stdout, stderr and its two channel ends, wait for the judge's start."""
+    try:
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd > 2 and fd not in (requests, replies):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if receive(requests) == {"start": True}:
+            serve(requests, replies, program_path)
+    finally:
+        os._exit(1)
+
+
+def _verdict(channel: _Channel, tests: str | None) -> tuple[bool, str]:
     try:
         code = None if tests is None else compile(tests, TESTS_FILE, "exec")
     except SyntaxError as error:
         return False, f"the tests do not compile: {_quote(error)}"
-    requests_in, requests_out = os.pipe()
-    replies_in, replies_out = os.pipe()
-    os.set_inheritable(requests_in, True)
-    os.set_inheritable(replies_out, True)
-    argv = [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), "serve", str(requests_in), str(replies_out)]
-    pid = os.posix_spawn(sys.executable, [*argv, program_path], dict(os.environ), setsigdef=(signal.SIGINT,))
-    os.close(requests_in)
-    os.close(replies_out)
-    channel = _Channel(requests_out, replies_in, pid)
+    replies_in = channel.replies
     try:
         first = receive(replies_in)
         if "failed" in first:
@@ -431,8 +441,5 @@ def _verdict(tests: str | None, program_path: str) -> tuple[bool, str]:
     return True, ""
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "serve":
-        serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-    else:  # judge NONCE_FD VERDICT_FD TESTS_FD|- PROGRAM
-        judge(int(sys.argv[2]), int(sys.argv[3]), None if sys.argv[4] == "-" else int(sys.argv[4]), sys.argv[5])
+if __name__ == "__main__" and sys.argv[1] == "judge":  # judge NONCE_FD VERDICT_FD TESTS_FD|- PROGRAM
+    judge(int(sys.argv[2]), int(sys.argv[3]), None if sys.argv[4] == "-" else int(sys.argv[4]), sys.argv[5])
