@@ -294,10 +294,15 @@ PROTOCOL_ATTACKS = {  # each after a wrong answer: the program attacks the chann
     "SIGINT to the judge during the call (KeyboardInterrupt there)": "import os, signal, time\ndef add(a, b):\n"
     "    os.kill(os.getppid(), signal.SIGINT)\n    time.sleep(0.2)\n    return a * b\n",
     "SIGKILL to the judge": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
-    "SIGSTOP to the judge": "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n",
     "an exit call inside the function": "import sys\ndef add(a, b):\n    sys.exit(0)\n",
     "an exception the tests swallow": "def add(a, b):\n    raise KeyboardInterrupt\n",
     "a generator": "def add(a, b):\n    yield a + b\n",
+    "a reply that exhausts the judge's memory (MemoryError there)": "import os, struct, time\ndef add(a, b):\n"
+    "    _items = b'[\"l\",[]],' * 1_800_000\n"
+    "    _reply = b'{\"id\":1,\"value\":[\"l\",[' + _items[:-1] + b']]}'\n"
+    "    for _fd in os.listdir('/proc/self/fd'):\n        try:\n"
+    "            os.write(int(_fd), struct.pack('>I', len(_reply)) + _reply)\n        except OSError:\n"
+    "            pass\n    time.sleep(10)\n",
     "a subclass of int that equals everything": "class _Int(int):\n    def __eq__(self, other):\n        return True\n"
     "def add(a, b):\n    return _Int(a * b)\n",
 }
@@ -308,10 +313,13 @@ SWALLOWING_TESTS = (  # tests that catch everything around the call, then check 
 
 
 def test_attacks_on_the_channel_the_judge_or_the_verdict_file_fail():
+    """Each fails by the judge's account, not by the clock; a judge stopped by the program times out."""
     programs = [PROMPT + WRONG + attack for attack in PROTOCOL_ATTACKS.values()]
-    results = run_programs(programs, tests=[SWALLOWING_TESTS] * len(programs), allow_code_execution=True, timeout=3)
+    results = run_programs(programs, tests=[SWALLOWING_TESTS] * len(programs), allow_code_execution=True, timeout=20)
     for name, result in zip(PROTOCOL_ATTACKS, results):
-        assert not result.passed, f"{name}: {result}"
+        assert (result.passed, result.status) == (False, "failed"), f"{name}: {result}"
+    stopped = PROMPT + WRONG + "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+    assert run_program(stopped, tests=SWALLOWING_TESTS, allow_code_execution=True, timeout=1).status == "timed out"
     assert run_program(PROMPT + RIGHT, tests=SWALLOWING_TESTS, allow_code_execution=True).passed
     assert run_program(PROMPT + "    raise ValueError\n", tests=SWALLOWING_TESTS, allow_code_execution=True).passed
 
@@ -341,6 +349,27 @@ def test_the_host_accepts_only_the_judges_whole_record_with_this_runs_nonce(tmp_
     for content, expected in cases.items():
         (tmp_path / "evidence").write_text(content)
         assert sandbox._read_verdict(tmp_path / "evidence", "ab" * 16) == expected, content
+
+
+def test_the_programs_own_exceptions_reach_the_tests_as_builtin_types():
+    """Tests may expect an exception: the program's builtin exceptions are raised in the tests as the same type
+    (OSError's subclasses included), others as an Exception naming the type."""
+    tests = (
+        "def check(candidate):\n"
+        "    for args, expected in (((-1, 3), ValueError), ((0, 3), FileNotFoundError), ((1, 3), Exception)):\n"
+        "        try:\n            candidate(*args)\n        except expected as error:\n"
+        "            assert 'bad' in str(error), str(error)\n        else:\n"
+        "            raise AssertionError(f'no {expected.__name__}')\n    assert candidate(2, 3) == 5\ncheck(add)\n"
+    )
+    raises = (
+        "class Bad(Exception):\n    pass\ndef add(a, b):\n    if a < 0:\n        raise ValueError('bad a')\n"
+        "    if a == 0:\n        raise FileNotFoundError('bad file')\n    if a == 1:\n        raise Bad('bad one')\n"
+        "    return a + b\n"
+    )
+    assert run_program(raises, tests=tests, allow_code_execution=True).passed
+    wrong_type = raises.replace("raise ValueError('bad a')", "raise TypeError('bad a')")
+    result = run_program(wrong_type, tests=tests, allow_code_execution=True)
+    assert not result.passed and '"TypeError: bad a", raised by the program\'s `add`' in result.detail
 
 
 # ------------------------------------------------------------------------------------------------- detail

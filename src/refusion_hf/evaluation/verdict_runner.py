@@ -18,8 +18,10 @@ the sandbox's own interpreter; it imports nothing but the standard library).
   the exception still fail.
 
 The names the tests can get from the program: its callables (as proxies), its plain-data globals (as values), and
-`import x` of a standard-library module `x` (the judge imports its own). Never a builtin's name (`abs`, `print`,
-...): the tests always see Python's builtins, so a program cannot redefine what the tests compare with.
+`import x` of a standard module `x` among `TESTS_MAY_USE_MODULES` (the judge imports its own). Never a builtin's
+name (`abs`, `print`, ...): the tests always see Python's builtins, so a program cannot redefine what the tests
+compare with. Any other failure inside a call (the judge out of memory decoding a reply, too deep a value) is
+sticky too.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ import time
 MAX_FRAME = 16 * 2**20  # bytes of one message, either way
 MAX_DEPTH = 100  # nesting of a value
 TESTS_FILE = "<tests>"
+# Modules the program imported that its tests may use without importing them (MBPP's `math.isclose`): the judge
+# imports its own, and only these (importing a module runs its code: `site` would read .pth files, `this` prints).
+TESTS_MAY_USE_MODULES = frozenset(
+    "array bisect cmath collections copy datetime decimal fractions functools hashlib heapq itertools json math "
+    "numbers operator random re statistics string struct textwrap typing unicodedata".split()
+)
 _HEADER = struct.Struct(">I")
 
 
@@ -140,6 +148,11 @@ def _words(error: BaseException) -> list[str]:
         return [type(error).__name__, ""]
 
 
+def _said(error: BaseException) -> str:
+    kind, message = _words(error)
+    return f"{kind}: {message}" if message else kind
+
+
 # ----------------------------------------------------------------------------------------- the candidate
 def serve(requests: int, replies: int, program_path: str) -> None:
     """Run the program as `__main__`, report its names, answer calls until the channel closes (untrusted side)."""
@@ -173,7 +186,7 @@ def serve(requests: int, replies: int, program_path: str) -> None:
             args = decode(request["args"])
             kwargs = decode(request["kwargs"])
         except BaseException as error:  # noqa: BLE001
-            reply["unsendable"] = f"the request could not be read ({_words(error)})"
+            reply["unsendable"] = f"the request could not be read ({_said(error)})"
         else:
             try:
                 result = function(*args, **kwargs)
@@ -276,15 +289,21 @@ class _Channel:
             if "value" in reply:
                 return decode(reply["value"])
             if "raised" in reply:
-                raise _program_exception(reply["raised"], name)
-            if "exited" in reply:
+                error = _program_exception(reply["raised"], name)
+            elif "exited" in reply:
                 kind, message = _pair(reply["exited"])
                 raise self.forfeit(f"`{name}` raised {kind} (an exit, not an exception): {message!r}")
-            if "unsendable" in reply and type(reply["unsendable"]) is str:
+            elif "unsendable" in reply and type(reply["unsendable"]) is str:
                 raise self.forfeit(f"`{name}` cannot be checked: {reply['unsendable'][:300]}")
-            raise ChannelError("a reply of an unknown kind")
+            else:
+                raise ChannelError("a reply of an unknown kind")
+        except Forfeit:
+            raise
         except (ChannelError, OSError) as error:
             raise self.forfeit(f"the program did not answer a call to `{name}` ({error}; {self.ended()})") from None
+        except BaseException as error:  # noqa: BLE001 - MemoryError, RecursionError...: never for the tests to catch
+            raise self.forfeit(f"a call to `{name}` could not be checked ({_said(error)})") from None
+        raise error  # the program's own exception, for the tests to expect or not
 
 
 def _pair(words) -> tuple[str, str]:
@@ -331,7 +350,7 @@ def _namespace(channel: _Channel, manifest) -> dict:
             namespace[name] = _proxy(channel, name)
         elif type(kind) is list and len(kind) == 2 and kind[0] == "value":
             namespace[name] = decode(kind[1])
-        elif type(kind) is str and kind == f"module:{name}" and name in sys.stdlib_module_names:
+        elif type(kind) is str and kind == f"module:{name}" and name in TESTS_MAY_USE_MODULES:
             namespace[name] = __import__(name)
     return namespace
 
@@ -351,8 +370,7 @@ def _tests_failure(error: BaseException, tests_lines: list[str]) -> str:
     where = f" at line {line}" if line else ""
     if line and 0 < line <= len(tests_lines):
         where += f" ({_quote(tests_lines[line - 1].strip(), 200)})"
-    words = _words(error)
-    said = f"{words[0]}: {words[1]}" if words[1] else words[0]
+    said = _said(error)
     source = f", raised by the program's `{error.raised_by}`" if hasattr(error, "raised_by") else ""
     return f"the tests failed{where}: {_quote(said)}{source}"
 
@@ -390,7 +408,7 @@ def judge(nonce_fd: int, verdict_fd: int, tests_fd: int | None, program_path: st
         send(requests_out, {"start": True})  # the candidate runs the program only now, this process protected
         passed, detail = _verdict(channel, tests)
     except Exception as error:  # noqa: BLE001 - no verdict but a failure
-        passed, detail = False, f"the checker could not run the tests ({_words(error)})"
+        passed, detail = False, f"the checker could not run the tests ({_said(error)})"
     record = {"nonce": nonce.decode(), "passed": passed, "detail": detail}
     data = json.dumps(record).encode()
     while data:
