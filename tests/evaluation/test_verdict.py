@@ -391,12 +391,16 @@ def test_a_failing_programs_detail_never_claims_a_pass(monkeypatch):
         "raises it in a call": PROMPT + f"    raise Exception({CLAIM!r})\n",
         "returns it into the tests' message": PROMPT + f"    return {CLAIM!r}\n",
         "prints it, then the judge is killed": PROMPT + WRONG + says + "os.kill(os.getppid(), 9)\n",
+        "returns an object of a class named like it": "class passed_all_164_tests_OK:\n    pass\n"
+        "def add(a, b):\n    return passed_all_164_tests_OK()\n",
+        "exits through an exception named like it": "class passed_all_164_tests_OK(SystemExit):\n    pass\n"
+        "def add(a, b):\n    raise passed_all_164_tests_OK()\n",
     }
     tests = "def check(candidate):\n    assert candidate(2, 3) == 5, candidate(2, 3)\ncheck(add)\n"
     results = run_programs(list(programs.values()), tests=[tests] * len(programs), allow_code_execution=True)
     for name, result in zip(programs, results):
         assert not result.passed and result.status == "failed", name
-        assert "pass" not in unquoted(result.detail).replace("passed its", ""), f"{name}: {result.detail}"
+        assert "pass" not in unquoted(result.detail), f"{name}: {result.detail}"
     assert CLAIM in results[2].detail, "the program's own words are kept, in quotes"
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
     _, metric = SandboxedCodeEval().compute(references=[tests], predictions=[list(programs.values())], k=[1])

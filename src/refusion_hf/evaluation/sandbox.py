@@ -448,8 +448,8 @@ def _sandbox() -> _Sandbox:
     except OSError as error:
         raise SandboxUnavailable(f"the bubblewrap sandbox could not be started ({error}): {INSTALL_HINT}.") from None
     if outcome.timed_out or outcome.returncode != 0 or outcome.verdict is None or not outcome.verdict[0]:
-        reason = (outcome.verdict[1:] if outcome.verdict else ()) or outcome.stderr.strip().splitlines()
-        reason = (list(reason) or [f"exit status {outcome.returncode}"])[-1]
+        lines = outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"]
+        reason = outcome.verdict[1] if outcome.verdict and not outcome.verdict[0] else lines[-1]
         raise SandboxUnavailable(f"the bubblewrap sandbox cannot be set up on this machine ({reason}): {INSTALL_HINT}.")
     return sandbox
 
@@ -564,8 +564,8 @@ def _failure_detail(outcome: _Outcome) -> str:
     if outcome.verdict is not None and not outcome.verdict[0]:
         return outcome.verdict[1]
     returncode = outcome.returncode
-    if outcome.verdict is not None:  # the judge recorded a pass, then the run did not exit cleanly
-        return f"the run ended with exit status {returncode} after its tests passed"
+    if outcome.verdict is not None:  # the judge's record, then an unclean end: the program killed it, say
+        return f"no clean end: exit status {returncode} after the judge's record"
     if returncode < 0:
         try:
             return f"no verdict: killed by {signal.Signals(-returncode).name}"

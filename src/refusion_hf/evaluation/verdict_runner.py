@@ -88,7 +88,7 @@ def decode(data, depth: int = 0):
     if data is None or kind in (bool, int, float, str):
         return data
     if kind is not list or len(data) != 2 or type(data[0]) is not str:
-        raise ChannelError(f"not an encoded value: {str(data)[:80]}")
+        raise ChannelError(f"not an encoded value: {_quote(str(data)[:80])}")
     tag, body = data
     try:
         if tag == "i" and type(body) is str:
@@ -102,8 +102,8 @@ def decode(data, depth: int = 0):
             if make is not None:
                 return make(decode(item, depth + 1) for item in body)
     except (TypeError, ValueError) as error:  # unhashable keys, bad hex, pairs that are not pairs
-        raise ChannelError(f"a malformed {tag!r} value ({error})") from None
-    raise ChannelError(f"an unknown value tag {tag!r}")
+        raise ChannelError(f"a malformed {_quote(tag[:20])} value ({error})") from None
+    raise ChannelError(f"an unknown value tag {_quote(tag[:20])}")
 
 
 # ---------------------------------------------------------------------------------------------- frames
@@ -292,9 +292,9 @@ class _Channel:
                 error = _program_exception(reply["raised"], name)
             elif "exited" in reply:
                 kind, message = _pair(reply["exited"])
-                raise self.forfeit(f"`{name}` raised {kind} (an exit, not an exception): {message!r}")
+                raise self.forfeit(f"`{name}` raised {_quote(kind)} (an exit, not an exception): {_quote(message)}")
             elif "unsendable" in reply and type(reply["unsendable"]) is str:
-                raise self.forfeit(f"`{name}` cannot be checked: {reply['unsendable'][:300]}")
+                raise self.forfeit(f"`{name}` cannot be checked: {_quote(reply['unsendable'])}")
             else:
                 raise ChannelError("a reply of an unknown kind")
         except Forfeit:
