@@ -337,6 +337,16 @@ def test_a_builtin_the_tests_call_cannot_be_redefined_by_the_program(tmp_path):
     assert run_program(PROMPT + RIGHT + "def abs(x):\n    return 0\n", tests=tests, allow_code_execution=True).passed
 
 
+def test_a_function_cannot_rewrite_the_tests_arguments(tmp_path):
+    """Arguments cross as copies: a wrong answer that also rewrites its argument fools tests that compute the
+    expected value from it after the call (`candidate(xs) == sorted(xs)`) in the tests' own process, not here."""
+    tests = "def check(candidate):\n    xs = [3, 1, 2]\n    assert candidate(xs) == sorted(xs)\ncheck(sort_list)\n"
+    program = "def sort_list(xs):\n    xs[:] = [9, 9, 9]\n    return [9, 9, 9]\n"
+    assert in_process_verdict(tmp_path, program, tests), "not a forgery in the in-process checker"
+    assert not run_program(program, tests=tests, allow_code_execution=True).passed
+    assert run_program("def sort_list(xs):\n    return sorted(xs)\n", tests=tests, allow_code_execution=True).passed
+
+
 def test_the_host_accepts_only_the_judges_whole_record_with_this_runs_nonce(tmp_path):
     record = {"nonce": "ab" * 16, "passed": True, "detail": ""}
     cases = {

@@ -73,14 +73,14 @@ and 0.15 ms per call (docs/evaluation.md).
 
 What this cannot check, and what could still be forged: a call's arguments are copies, so a function that mutates
 its arguments in place, or tests that look at them after the call, are not checked (the tests see their own copies
-unchanged); a function returning anything but plain data (a generator, an iterator, a class instance, a callable, a
-subclass of a builtin type) fails, so do tests passing such arguments (a lambda, an object) and classes the tests
-instantiate; the tests see no global of the program but callables, plain data and the standard modules in
-`TESTS_MAY_USE_MODULES` (verdict_runner.py); a task named like a builtin (`def max(...)`) cannot be checked. Without
-separate tests (`tests=None`) the program is its own test: "passed" then says only that it reported reaching its
-end, which it alone decides. Tests that trust a helper the program defines (HumanEval/38's `encode_cyclic`, /32's
-`poly`) are forgeable by redefining the helper, in any checker. A forged verdict changes a score, nothing else: the
-sandbox, not the verdict, is the boundary for harm.
+unchanged, so a wrong answer cannot rewrite them to match it either); a function returning anything but plain data
+(a generator, an iterator, a class instance, a callable, a subclass of a builtin type) fails, so do tests passing
+such arguments (a lambda, an object) and classes the tests instantiate; the tests see no global of the program but
+callables, plain data and the standard modules in `TESTS_MAY_USE_MODULES` (verdict_runner.py); a task named like a
+builtin (`def max(...)`) cannot be checked. Without separate tests (`tests=None`) the program is its own test:
+"passed" then says only that it reported reaching its end, which it alone decides. Tests that trust a helper the
+program defines (HumanEval/38's `encode_cyclic`, /32's `poly`) are forgeable by redefining the helper, in any
+checker. A forged verdict changes a score, nothing else: the sandbox, not the verdict, is the boundary for harm.
 
 If bubblewrap, libseccomp's bindings or a protection is missing here, code execution is refused with
 `SandboxUnavailable` saying why and how to fix it; there is no weaker fallback. `isolation_report()` says what is
