@@ -18,7 +18,7 @@ import torch
 import uvicorn
 
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
-from refusion_hf.serving.server import build_app
+from refusion_hf.serving.app import build_app
 from tests.cli_errors import user_error
 from tests.official_layout import build_marker_folder, build_official_layout, markers
 
@@ -86,11 +86,12 @@ def stream_chat(client, **request):
 def test_chat_answers_equal_generate_streamed_or_not(embedded):
     """Greedy chat answers of the embedded model are generate()'s; streaming gives the same text, usage counts the
     answer's tokens, and the finish reason says whether it ended (stop: within serve's default budget of 1024 new
-    tokens, at its EOS) or was cut at max_tokens (length); `stop` strings end the answer as generate()'s
-    `stop_strings` do."""
+    tokens, cut to what the context has left (512 positions), at its EOS) or was cut at max_tokens (length); `stop`
+    strings end the answer as generate()'s `stop_strings` do."""
     model, tokenizer = embedded
     ids = [chat_ids(tokenizer, question) for question in QUESTIONS]
-    answers = [answer(model, ids[0], max_new_tokens=1024), answer(model, ids[1], max_new_tokens=6)]
+    budget = model.config.max_position_embeddings - ids[0].shape[1]
+    answers = [answer(model, ids[0], max_new_tokens=budget), answer(model, ids[1], max_new_tokens=6)]
     with serving(str(default_model_path())) as client:
         name = client.models.list().data[0].id
         for expected, question, max_tokens, finish in zip(answers, QUESTIONS, (None, 6), ("stop", "length")):

@@ -1,22 +1,15 @@
 """`refusion serve`'s server: `transformers serve` (transformers 5.24, `transformers.cli.serving`) with ReFusion
 decoding.
 
-transformers serve does the work: the FastAPI app and its routes (`build_server`), request validation against the
-OpenAI schemas, the chat template, SSE streaming (its `DirectStreamer`), usage accounting and finish reasons, the
-inference thread that runs one `generate()` at a time, model loading options (dtype, `device_map`, attention
-implementation, quantization) and uvicorn. What this module extends, and why:
+transformers serve does the work: the inference thread that runs one `generate()` at a time, SSE streaming (its
+`DirectStreamer`), model loading options (dtype, `device_map`, attention implementation, quantization); its request
+handlers as `handlers.py` extends them, in the app `app.py` builds. What this module extends, and why:
 
 * `RefusionModelManager(ModelManager)`: serve resolves a model's class as
   `getattr(transformers, config.architectures[0])`, which fails for `RefusionForCausalLM` and would load an
   official checkpoint (`architectures: ["Qwen3ForCausalLM"]`) as the stock class, which decodes autoregressively.
   Here every checkpoint loads through `RefusionForCausalLM.from_pretrained` with serve's own loading options,
   whatever its `architectures` or `auto_map` say, without running the folder's code; the processor is the tokenizer.
-* `RefusionRequests`, mixed into serve's `ChatCompletionHandler` and `CompletionHandler`: serve logs a warning and
-  ignores the OpenAI fields it does not implement (`n`, `presence_penalty`, `logprobs`, ...): here a value other than
-  the neutral one is an HTTP 422 naming the field. `temperature` / `top_p` sample (serve only sets them, which leaves
-  a greedy checkpoint greedy); `temperature: 0` is greedy. The request's `seed` is applied on the thread that decodes
-  it, right before its own decoding (serve seeds the global RNG when the request arrives, which a request decoding at
-  that moment would consume).
 * `SequentialGenerateManager(GenerateManager)` (the default): serve's one-`generate()`-at-a-time inference thread;
   each request's generation config is checked against ReFusion decoding before anything is answered, so a refused
   argument (`frequency_penalty`, which serve maps to `repetition_penalty`) is an HTTP 400 naming it rather than a 500
@@ -30,8 +23,10 @@ implementation, quantization) and uvicorn. What this module extends, and why:
   Requests that arrive while a group decodes wait for the next round (`generate_batch` takes its requests up front).
   Streamed answers arrive when their request finishes (`generate_batch` does not stream).
 * `RefusionGenerationState(GenerationState)`: hands those managers out.
-* `/v1/responses`, `/v1/systemone` and `/v1/audio/transcriptions` are not served (HTTP 501 naming the two endpoints
-  that are).
+
+The request's `seed` (`REQUEST_SEED`, set by the handler) is applied on the thread that decodes it, right before its
+own decoding (serve seeds the global RNG when the request arrives, which a request decoding at that moment would
+consume).
 """
 
 from __future__ import annotations
@@ -48,10 +43,7 @@ from dataclasses import dataclass
 import torch
 from fastapi import HTTPException
 from transformers import AutoTokenizer, ContinuousBatchingConfig
-from transformers.cli.serving.chat_completion import ChatCompletionHandler
-from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
-from transformers.cli.serving.server import build_server
 from transformers.cli.serving.utils import (
     BaseGenerateManager,
     DirectStreamer,
@@ -64,20 +56,7 @@ from transformers.cli.serving.utils import (
 
 from ..generation.generate_arguments import refuse_unsupported
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config
-from ..generation.refusion_generation_config import sampling_arguments
 from ..modeling.modeling_refusion import RefusionForCausalLM
-
-# The OpenAI fields serve accepts but ignores, at the values that ask for nothing (any other value is refused).
-NEUTRAL_VALUES = {
-    "n": 1,
-    "best_of": 1,
-    "echo": False,
-    "logprobs": False,
-    "presence_penalty": 0,
-    "parallel_tool_calls": True,
-    "stream_options": {"include_usage": True},  # serve sends the usage with the last chunk anyway
-}
-SERVED_ENDPOINTS = "/v1/chat/completions and /v1/completions"
 
 # The `seed` of the request being handled: set by the handler, read where the request is submitted for decoding
 # (the same asyncio task), applied on the decoding thread.
@@ -126,57 +105,6 @@ def _seeded(fn: Callable, seed: int | None) -> Callable:
         return fn(*args, **kwargs)
 
     return run
-
-
-class RefusionRequests:
-    """What `refusion serve` adds to a serve handler (see the module docstring); mixed in before the handler."""
-
-    def _validate_request(self, body: dict) -> None:
-        super()._validate_request(body)  # 422 for fields that no OpenAI schema has
-        refused = sorted(
-            name
-            for name in set(body) & self._unused_fields
-            if body[name] is not None and body[name] != NEUTRAL_VALUES.get(name, object())
-        )
-        if refused:
-            raise HTTPException(
-                status_code=422,
-                detail=f"refusion serve does not support {refused} (transformers serve would ignore them): leave "
-                f"them out{' (`n`: send n requests)' if 'n' in refused else ''}.",
-            )
-        REQUEST_SEED.set(body.pop("seed", None))  # applied where the request decodes, not here (serve's place)
-
-    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
-        # `use_cb` only turns the KV cache off for transformers' paged cache; ReFusion's batches keep their own cache.
-        config = super()._build_generation_config(body, model_generation_config, use_cb=False)
-        if body.get("temperature") is not None:
-            config.update(**sampling_arguments(float(body["temperature"])))
-        elif body.get("top_p") is not None:
-            config.do_sample = True  # top_p alone samples at the model's temperature, as OpenAI's API does
-        return config
-
-
-class RefusionChatCompletionHandler(RefusionRequests, ChatCompletionHandler):
-    """serve's `/v1/chat/completions` handler with `RefusionRequests`."""
-
-
-class RefusionCompletionHandler(RefusionRequests, CompletionHandler):
-    """serve's `/v1/completions` handler with `RefusionRequests`. `suffix` is refused too: serve appends it to the
-    answer, which is not conditioned on it (OpenAI's meaning: the text that follows the completion)."""
-
-    _unused_fields = CompletionHandler._unused_fields | {"suffix"}
-
-
-class NotServed:
-    """A serve endpoint `refusion serve` does not offer: HTTP 501 naming the ones it does."""
-
-    def __init__(self, endpoint: str):
-        self.endpoint = endpoint
-
-    async def handle_request(self, *args, **kwargs):
-        raise HTTPException(
-            status_code=501, detail=f"refusion serve does not serve {self.endpoint}; use {SERVED_ENDPOINTS}."
-        )
 
 
 class SequentialGenerateManager(GenerateManager):
@@ -363,35 +291,3 @@ class RefusionGenerationState(GenerationState):
                 self._cb_model_id = model_id
             return self._cb_manager
         return self._generate_managers.setdefault(model_id, SequentialGenerateManager())
-
-
-def build_app(
-    model: str,
-    dtype: str = "auto",
-    device: str = "auto",
-    attn_implementation: str | None = None,
-    continuous_batching: bool = False,
-    max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
-    enable_cors: bool = False,
-):
-    """serve's FastAPI app (`build_server`) for one model, loaded now, with ReFusion decoding. Returns
-    `(app, generation_state)`; `generation_state.shutdown()` stops the decoding worker."""
-    models = RefusionModelManager(
-        device=device,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        continuous_batching=continuous_batching,
-        force_model=model,
-    )
-    state = RefusionGenerationState(continuous_batching, max_requests_per_batch)
-    app = build_server(
-        models,
-        RefusionChatCompletionHandler(model_manager=models, generation_state=state),
-        completion_handler=RefusionCompletionHandler(model_manager=models, generation_state=state),
-        response_handler=NotServed("/v1/responses"),
-        transcription_handler=NotServed("/v1/audio/transcriptions"),
-        systemone_handler=NotServed("/v1/systemone"),
-        generation_state=state,
-        enable_cors=enable_cors,
-    )
-    return app, state
