@@ -19,11 +19,19 @@ import hmac
 import uuid
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from transformers.cli.serving.utils import X_REQUEST_ID, CBWorkerDeadError
 
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
-from .handlers import NotServed, RefusionChatCompletionHandler, RefusionCompletionHandler, ServedModel
+from .handlers import (
+    OPTIONAL_FIELDS,
+    NotServed,
+    RefusionChatCompletionHandler,
+    RefusionCompletionHandler,
+    ServedModel,
+    request_schema,
+)
 from .server import RefusionGenerationState, RefusionModelManager
 
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers' health checks)
@@ -102,6 +110,27 @@ class RequestGate:
         await response(scope, receive, send)
 
 
+def describe_request_bodies(app: FastAPI, bodies: dict[str, type]) -> None:
+    """FastAPI's OpenAPI document (`/openapi.json`), with each route of `bodies` taking the OpenAI request schema of
+    serve's type for it (the one requests are validated against) instead of any JSON object (FastAPI's pattern for
+    extending the document: a replacement `app.openapi`)."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = document.setdefault("components", {}).setdefault("schemas", {})
+            for path, params_class in bodies.items():
+                schema = request_schema(params_class).json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                schema["required"] = [name for name in schema.get("required", []) if name not in OPTIONAL_FIELDS]
+                schema["additionalProperties"] = False
+                document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"] = schema
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
 def build_app(
     model: str,
     dtype: str = "auto",
@@ -169,6 +198,10 @@ def build_app(
 
     for path in ("/v1/responses", "/v1/systemone", "/v1/audio/transcriptions"):
         app.add_api_route(path, NotServed(path).endpoint, methods=["POST"], include_in_schema=False)
+
+    describe_request_bodies(
+        app, {"/v1/chat/completions": chat._valid_params_class, "/v1/completions": completion._valid_params_class}
+    )
 
     @app.get("/v1/models")
     async def list_models():

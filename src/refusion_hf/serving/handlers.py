@@ -20,11 +20,14 @@ two endpoints that are). Decoding (the generation managers) is `server.py`'s.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import jinja2
 from fastapi import HTTPException
+from pydantic import TypeAdapter, ValidationError
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 
@@ -57,8 +60,10 @@ class ServedModel:
     trust_request_chat_template: bool = False
 
 
-def context_error(prompt_tokens: int, max_new_tokens: int | None, max_model_len: int) -> HTTPException:
-    asked = f"{prompt_tokens} in the prompt" + ("" if max_new_tokens is None else f" + {max_new_tokens} in max_tokens")
+def context_error(prompt_tokens: int, max_new_tokens: int | None, max_model_len: int, source: str) -> HTTPException:
+    asked = f"{prompt_tokens} in the prompt ({source})"
+    if max_new_tokens is not None:
+        asked += f" + {max_new_tokens} in max_tokens"
     return HTTPException(
         status_code=400,
         detail=f"this server's maximum context length (--max-model-len) is {max_model_len} tokens; the request asks "
@@ -72,6 +77,46 @@ def positive_count(body: dict, field: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise HTTPException(status_code=400, detail=f"{field} must be a positive integer, got {value!r}.")
     return value
+
+
+OPTIONAL_FIELDS = {"model", "stream"}  # the OpenAI schemas require them; this server does not
+
+
+@functools.cache
+def request_schema(params_class) -> TypeAdapter:
+    """pydantic's validator (and JSON schema) for one of serve's request types (OpenAI's TypedDicts)."""
+    return TypeAdapter(params_class)
+
+
+def consume(value) -> None:
+    """Walks a validated value: pydantic validates `Iterable` fields (`messages`, `tools`, content parts) lazily,
+    as they are iterated, so this is where their errors show."""
+    if isinstance(value, dict):
+        value = value.values()
+    elif isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return
+    for item in value:
+        consume(item)
+
+
+def check_types(params_class, body: dict) -> None:
+    """HTTP 422 naming the first fields of `body` whose values do not have the types of OpenAI's request schema."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):  # serve's chat type only has `stream: true`: checked here, then set for the rest
+        raise HTTPException(status_code=422, detail=f"request body: stream must be true or false, got {stream!r}.")
+    problems = []
+    try:  # `model`: OpenAI's schema requires it, this server does not
+        validated = request_schema(params_class).validate_python({"model": "", **body, "stream": True}, strict=True)
+        for name, value in validated.items():
+            try:
+                consume(value)
+            except ValidationError as error:
+                problems += [{**problem, "loc": (name, *problem["loc"])} for problem in error.errors()]
+    except ValidationError as error:
+        problems = error.errors()
+    if problems:
+        named = "; ".join(f"{'.'.join(str(part) for part in p['loc'][:3])}: {p['msg']}" for p in problems[:3])
+        raise HTTPException(status_code=422, detail=f"request body: {named}.")
 
 
 class RefusionRequests:
@@ -104,7 +149,7 @@ class RefusionRequests:
         gen_config = self._build_generation_config(body, model.generation_config, use_cb=use_cb)
         room = self.served.max_model_len - prompt_tokens
         if (asked is not None and asked > room) or room < 1:
-            raise context_error(prompt_tokens, asked, self.served.max_model_len)
+            raise context_error(prompt_tokens, asked, self.served.max_model_len, self._prompt_field)
         if asked is None:  # serve's default budget (at least 1024 new tokens), within the context
             gen_config.max_new_tokens = min(gen_config.max_new_tokens, room)
         if use_cb:
@@ -126,6 +171,7 @@ class RefusionRequests:
 
     def _validate_request(self, body: dict) -> None:
         super()._validate_request(body)  # 422 for fields that no OpenAI schema has
+        check_types(self._valid_params_class, body)
         if body.get("generation_config") is not None:  # serve's own field: a whole GenerationConfig as JSON
             raise HTTPException(
                 status_code=422,
@@ -147,6 +193,9 @@ class RefusionRequests:
 
     def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
         # `use_cb` only turns the KV cache off for transformers' paged cache; ReFusion's batches keep their own cache.
+        bias = body.get("logit_bias") or {}
+        if not all(isinstance(key, str) and key.isdigit() for key in bias):
+            raise HTTPException(status_code=400, detail="logit_bias: its keys must be token ids (digits).")
         config = super()._build_generation_config(body, model_generation_config, use_cb=False)
         if body.get("temperature") is not None:
             config.update(**sampling_arguments(float(body["temperature"])))
@@ -161,6 +210,8 @@ class RefusionChatCompletionHandler(RefusionRequests, ChatCompletionHandler):
     `--trust-request-chat-template` (a template is a program: it can loop for ever); the other
     `chat_template_kwargs` are the template's variables (e.g. `enable_thinking`), and any that would instead set an
     argument of `apply_chat_template` itself (`tokenize`, `return_tensors`, `tools`, ...) is refused."""
+
+    _prompt_field = "messages"
 
     def _prompt(self, body: dict) -> dict:
         messages = body.get("messages")
@@ -199,8 +250,8 @@ class RefusionChatCompletionHandler(RefusionRequests, ChatCompletionHandler):
             return processor.apply_chat_template(
                 add_generation_prompt=True, return_tensors=return_tensors, return_dict=True, tokenize=True, **prompt
             )
-        except jinja2.TemplateError as error:  # the template refused these messages (e.g. a role it lacks)
-            detail = f"messages: the chat template refused them ({error})."
+        except (jinja2.TemplateError, ValueError) as error:  # the template refused these messages or tools
+            detail = f"messages / tools: the chat template refused them ({error})."
             raise HTTPException(status_code=400, detail=detail) from None
 
     async def _answer(self, request_id, model, processor, model_id, inputs, gen_config, gen_manager, body):
@@ -215,6 +266,8 @@ class RefusionCompletionHandler(RefusionRequests, CompletionHandler):
     answer, which is not conditioned on it (OpenAI's meaning: the text that follows the completion)."""
 
     _unused_fields = CompletionHandler._unused_fields | {"suffix"}
+
+    _prompt_field = "prompt"
 
     def _prompt(self, body: dict) -> str:
         prompt = body.get("prompt", "")
