@@ -32,7 +32,7 @@ from .handlers import (
     ServedModel,
     request_schema,
 )
-from .server import RefusionGenerationState, RefusionModelManager
+from .server import CLIENT, RefusionGenerationState, RefusionModelManager
 
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers' health checks)
 JSON_BYTES_PER_TEXT_BYTE = 6  # JSON may write any byte of text as a \u00XX escape
@@ -186,6 +186,7 @@ def build_app(
 
     async def answer(handler, request: Request, body: dict):
         request.state.request_id = request.headers.get(X_REQUEST_ID) or str(uuid.uuid4())
+        CLIENT.set(request)  # watched for the client going away while its answer decodes
         return with_request_id(request, await handler.handle_request(body, request.state.request_id))
 
     @app.post("/v1/chat/completions")

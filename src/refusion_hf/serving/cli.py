@@ -8,12 +8,14 @@ import argparse
 import ipaddress
 import logging
 import os
+import signal
 
 from ..command_inputs import (
     CommandError,
     check_checkpoint_folder,
     check_tokenizer_files,
     first_line,
+    non_negative_float,
     positive_int,
     require_extra,
 )
@@ -99,6 +101,12 @@ def register(subparsers) -> None:
         default=os.environ.get("REFUSION_API_KEY"),
         help="require `Authorization: Bearer <key>` on every route but /health (default: $REFUSION_API_KEY)",
     )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=non_negative_float,
+        default=10.0,
+        help="on SIGTERM / SIGINT: seconds the requests in flight get to finish before they are ended (default 10)",
+    )
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run)
 
@@ -134,10 +142,17 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
     except (OSError, ValueError) as error:
         raise CommandError(f"MODEL {model}: the checkpoint does not load ({first_line(error)}).") from None
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout
+    )
+    server = uvicorn.Server(config)
+    # uvicorn stops accepting on SIGINT / SIGTERM, gives the requests in flight --shutdown-timeout seconds (then
+    # cancels them: their decoding stops before its next forward), and re-raises the signal once it has stopped:
+    # both then end here as KeyboardInterrupt, and the command exits 0.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        server.run()  # until SIGINT / SIGTERM: uvicorn finishes the requests in flight, then re-raises the signal
-    except KeyboardInterrupt:  # SIGINT after that clean shutdown
+        server.run()
+    except KeyboardInterrupt:
         pass
     finally:
         state.shutdown()

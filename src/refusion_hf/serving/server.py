@@ -61,6 +61,11 @@ from ..modeling.modeling_refusion import RefusionForCausalLM
 # The `seed` of the request being handled: set by the handler, read where the request is submitted for decoding
 # (the same asyncio task), applied on the decoding thread.
 REQUEST_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("refusion_request_seed", default=None)
+# The HTTP request being answered (set by the app's route: its client may go away), and the cancel flag of the
+# request being submitted for decoding.
+CLIENT: contextvars.ContextVar = contextvars.ContextVar("refusion_client", default=None)
+CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("refusion_cancel", default=None)
+DISCONNECT_POLL_SECONDS = 0.02
 
 
 class RefusionModelManager(ModelManager):
@@ -107,26 +112,95 @@ def _seeded(fn: Callable, seed: int | None) -> Callable:
     return run
 
 
+async def until_done_or_gone(work: asyncio.Future, cancel: threading.Event):
+    """`work`'s result; meanwhile, every DISCONNECT_POLL_SECONDS, whether the request's client (`CLIENT`) went away:
+    if so, or if this task is cancelled (the server stopping), `cancel` is set (decoding stops before its next
+    forward pass) and the request ends (HTTP 499, nginx's "client closed request", which no client reads)."""
+    client = CLIENT.get()
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=DISCONNECT_POLL_SECONDS)
+            if not work.done() and client is not None and await client.is_disconnected():
+                cancel.set()
+        return work.result()
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    except _GenerationCancelled:
+        raise HTTPException(status_code=499, detail="the client closed the request") from None
+
+
 class SequentialGenerateManager(GenerateManager):
     """serve's inference thread (one `generate()` at a time), checking each request's generation config before it
-    is answered and seeding each request on that thread."""
+    is answered, seeding each request on that thread, and stopping a request's decoding when its client goes away
+    or the server stops: a forward pre-hook on the model (torch's `register_forward_pre_hook`) raises serve's
+    `_GenerationCancelled` before the next forward pass of a cancelled request, and a request cancelled while it
+    waits is never decoded. serve's streamer only checks when the answer grows, and its non-streaming path never."""
+
+    def __init__(self):
+        super().__init__()
+        self._decoding: threading.Event | None = None  # the cancel flag of the request decoding now
+        self._hooked: set[int] = set()
+
+    def _stop_if_cancelled(self, module, args) -> None:
+        if self._decoding is not None and self._decoding.is_set():
+            raise _GenerationCancelled()
+
+    def _watch(self, model) -> threading.Event:
+        """A cancel flag for the request being submitted (read by `submit` in this context)."""
+        if id(model) not in self._hooked:
+            model.register_forward_pre_hook(self._stop_if_cancelled)
+            self._hooked.add(id(model))
+        cancel = threading.Event()
+        CANCEL.set(cancel)
+        return cancel
 
     def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):
         check_generation_config(model, gen_config)
-        return super().generate_streaming(model, processor, inputs, gen_config, request_id, response_parser)
+        context = contextvars.copy_context()  # the flag set for this request only, not for the handler's task
+        cancel = context.run(self._watch, model)
+        queue, streamer = context.run(
+            super().generate_streaming, model, processor, inputs, gen_config, request_id, response_parser
+        )
+        stop_streamer = streamer.cancel  # serve calls it when the client goes away (or the server stops)
+
+        def cancel_decoding():
+            stop_streamer()
+            cancel.set()
+
+        streamer.cancel = cancel_decoding
+        return queue, streamer
 
     async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
         check_generation_config(model, gen_config)
+        cancel = self._watch(model)
+        work = asyncio.ensure_future(super().generate_non_streaming(model, processor, inputs, gen_config, request_id))
         try:
-            return await super().generate_non_streaming(model, processor, inputs, gen_config, request_id)
+            return await until_done_or_gone(work, cancel)
         except ValueError as error:  # what generate() refuses about this request's inputs
             raise HTTPException(status_code=400, detail=str(error)) from None
 
+    def _cancellable(self, fn: Callable) -> Callable:
+        cancel = CANCEL.get()
+        if cancel is None:
+            return fn
+
+        def run(*args, **kwargs):
+            if cancel.is_set():  # cancelled while it waited: never decoded
+                raise _GenerationCancelled()
+            self._decoding = cancel
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._decoding = None
+
+        return run
+
     def submit(self, fn, *args, **kwargs):
-        return super().submit(_seeded(fn, REQUEST_SEED.get()), *args, **kwargs)
+        return super().submit(self._cancellable(_seeded(fn, REQUEST_SEED.get())), *args, **kwargs)
 
     def async_submit(self, fn, *args, **kwargs):
-        return super().async_submit(_seeded(fn, REQUEST_SEED.get()), *args, **kwargs)
+        return super().async_submit(self._cancellable(_seeded(fn, REQUEST_SEED.get())), *args, **kwargs)
 
 
 @dataclass
@@ -138,6 +212,7 @@ class BatchRequest:
     config: object  # GenerationConfig
     seed: int | None
     deliver: Callable[[list[int] | BaseException], None]
+    cancel: threading.Event  # set when its client goes away: not decoded if its group has not started
 
     def group_key(self) -> str:
         return json.dumps([self.config.to_dict(), self.seed], sort_keys=True, default=str)
@@ -167,12 +242,14 @@ class ContinuousBatchManager(BaseGenerateManager):
     def is_alive(self) -> bool:
         return self.fatal_error is None
 
-    def _submit(self, model, processor, inputs, gen_config, deliver) -> None:
+    def _submit(self, model, processor, inputs, gen_config, deliver) -> threading.Event:
         if self.fatal_error is not None:
             raise HTTPException(status_code=503, detail=f"the decoding worker died: {self.fatal_error}")
         check_generation_config(model, gen_config)
         self._tokenizer = processor
-        self._requests.put(BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver))
+        cancel = threading.Event()
+        self._requests.put(BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver, cancel))
+        return cancel
 
     async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
         loop = asyncio.get_running_loop()
@@ -186,9 +263,11 @@ class ContinuousBatchManager(BaseGenerateManager):
             else:
                 answer.set_result(result)
 
-        self._submit(model, processor, inputs, gen_config, lambda result: loop.call_soon_threadsafe(settle, result))
+        cancel = self._submit(
+            model, processor, inputs, gen_config, lambda result: loop.call_soon_threadsafe(settle, result)
+        )
         try:
-            generated = await answer
+            generated = await until_done_or_gone(answer, cancel)
         except ValueError as error:
             raise HTTPException(status_code=400, detail=str(error)) from None
         return processor.decode(generated, skip_special_tokens=True), len(inputs["input_ids"]), generated
@@ -210,7 +289,14 @@ class ContinuousBatchManager(BaseGenerateManager):
             except _GenerationCancelled:  # the client went away
                 loop.call_soon_threadsafe(chunks.put_nowait, None)
 
-        self._submit(model, processor, inputs, gen_config, deliver)
+        cancel = self._submit(model, processor, inputs, gen_config, deliver)
+        stop_streamer = streamer.cancel
+
+        def cancel_request():
+            stop_streamer()
+            cancel.set()
+
+        streamer.cancel = cancel_request
         return chunks, streamer
 
     def _run(self) -> None:
@@ -240,7 +326,12 @@ class ContinuousBatchManager(BaseGenerateManager):
 
     def _decode_group(self, group: list[BatchRequest]) -> None:
         """One generation config: `generate_batch` for all, else (seeded, stop strings, or a batch that failed on
-        one request's input) one at a time, so that an error reaches only its request."""
+        one request's input) one at a time, so that an error reaches only its request. Requests whose client went
+        away before the group starts are dropped (a group that decodes runs to its end: `generate_batch` takes its
+        requests up front)."""
+        for request in [r for r in group if r.cancel.is_set()]:
+            request.deliver(_GenerationCancelled())
+        group = [r for r in group if not r.cancel.is_set()]
         if len(group) > 1 and not group[0].decodes_alone():
             rows = ContinuousBatchingConfig(max_requests_per_batch=self.max_requests_per_batch)
             try:
@@ -258,6 +349,9 @@ class ContinuousBatchManager(BaseGenerateManager):
                     request.deliver(results[f"req_{index}"].generated_tokens)
                 return
         for request in group:
+            if request.cancel.is_set():  # its client went away while the ones before it decoded
+                request.deliver(_GenerationCancelled())
+                continue
             try:
                 if request.seed is not None:
                     torch.manual_seed(request.seed)
