@@ -282,6 +282,7 @@ def test_api_key(official):
                 refused = http.request(method, path, headers=headers, json={"prompt": "t9"})
                 assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer", (path, headers)
         assert http.get("/health").status_code == 200  # for load balancers
+        assert http.get("/metrics").status_code == 200  # for Prometheus (as vLLM)
         good = {"Authorization": "Bearer s3cret key"}
         assert http.get("/v1/models", headers=good).status_code == 200
         with pytest.raises(openai.AuthenticationError):

@@ -5,22 +5,27 @@ The app is built here rather than by transformers serve's `build_server`, whose 
 any local folder or Hub id into memory, for ever), `/reset` (unload the served model), and routes for endpoints
 `refusion serve` does not offer; here the server answers for the one model it was started with and nothing can
 make it open another path or reach the Hub. Routes: `POST /v1/chat/completions`, `POST /v1/completions`,
-`GET /v1/models`, `GET /health`; `/v1/responses`, `/v1/systemone` and `/v1/audio/transcriptions` answer 501.
+`GET /v1/models`, `GET /health`, `GET /metrics` (`metrics.py`); `/v1/responses`, `/v1/systemone` and
+`/v1/audio/transcriptions` answer 501.
 
 `RequestGate`, a plain ASGI middleware (Starlette's interface), runs before any route: with an API key, every path
-but `/health` needs `Authorization: Bearer <key>` (401 otherwise; compared with `hmac.compare_digest`), and a
-request body longer than the longest one that can hold a prompt within `--max-model-len` is refused (413) before
-it is parsed, whether it declares its length or not.
+but `/health` and `/metrics` needs `Authorization: Bearer <key>` (401 otherwise; compared with
+`hmac.compare_digest`), and a request body longer than the longest one that can hold a prompt within
+`--max-model-len` is refused (413) before it is parsed, whether it declares its length or not. It also counts the
+answers by status class and times the completion requests to their last byte (`/metrics`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import time
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from transformers.cli.serving.utils import X_REQUEST_ID, CBWorkerDeadError
 
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
@@ -32,9 +37,11 @@ from .handlers import (
     ServedModel,
     request_schema,
 )
+from .metrics import ARRIVED, ServerMetrics
 from .server import CLIENT, RefusionGenerationState, RefusionModelManager
 
-OPEN_PATHS = ("/health",)  # answered without the API key (load balancers' health checks)
+OPEN_PATHS = ("/health", "/metrics")  # answered without the API key (health checks, Prometheus; as vLLM)
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 JSON_BYTES_PER_TEXT_BYTE = 6  # JSON may write any byte of text as a \u00XX escape
 BODY_BYTES_BESIDES_PROMPT = 64 * 1024  # the request's other fields
 
@@ -58,12 +65,24 @@ def bearer_matches(header: bytes | None, api_key: str) -> bool:
 class RequestGate:
     """ASGI middleware: the API key, then the body size (see the module docstring)."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, metrics: ServerMetrics):
+        self.app, self.api_key, self.max_body_bytes, self.metrics = app, api_key, max_body_bytes, metrics
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        arrived = time.monotonic()
+        ARRIVED.set(arrived)
+        timed = scope["path"] in COMPLETION_PATHS
+        answer = send
+
+        async def send(message):  # counts the answer's status class; times the completions to their last byte
+            if message["type"] == "http.response.start":
+                self.metrics.responses.labels(f"{message['status'] // 100}xx").inc()
+            elif message["type"] == "http.response.body" and not message.get("more_body") and timed:
+                self.metrics.e2e_latency.observe(time.monotonic() - arrived)
+            await answer(message)
+
         headers = dict(scope["headers"])
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             if not bearer_matches(headers.get(b"authorization"), self.api_key):
@@ -169,12 +188,20 @@ def build_app(
         modality=models.get_model_modality(loaded, processor=tokenizer),
         trust_request_chat_template=trust_request_chat_template,
     )
-    state = RefusionGenerationState(continuous_batching, max_requests_per_batch)
+    metrics = ServerMetrics()
+    metrics.count_forwards(loaded)
+    state = RefusionGenerationState(continuous_batching, max_requests_per_batch, metrics)
     chat = RefusionChatCompletionHandler(models, state, served)
     completion = RefusionCompletionHandler(models, state, served)
 
-    app = FastAPI(title="refusion serve")
-    app.add_middleware(RequestGate, api_key=api_key, max_body_bytes=max_body_bytes(tokenizer, max_model_len))
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(state.wait_idle, 5)  # cancelled decoding stops within a forward pass
+
+    app = FastAPI(title="refusion serve", lifespan=lifespan)
+    gate = dict(api_key=api_key, max_body_bytes=max_body_bytes(tokenizer, max_model_len), metrics=metrics)
+    app.add_middleware(RequestGate, **gate)
 
     @app.exception_handler(CBWorkerDeadError)
     async def worker_died(_request: Request, error: CBWorkerDeadError):
@@ -208,6 +235,11 @@ def build_app(
     async def list_models():
         listed = [{"id": name, "object": "model", "created": 0, "owned_by": "refusion"} for name in served.names]
         return JSONResponse({"object": "list", "data": listed})
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        body, content_type = metrics.exposition()
+        return Response(content=body, media_type=content_type)
 
     @app.get("/health")
     async def health():  # on the event loop: nothing a request does holds it

@@ -99,7 +99,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--api-key",
         default=os.environ.get("REFUSION_API_KEY"),
-        help="require `Authorization: Bearer <key>` on every route but /health (default: $REFUSION_API_KEY)",
+        help="require `Authorization: Bearer <key>` on every route but /health, /metrics (default: $REFUSION_API_KEY)",
     )
     parser.add_argument(
         "--shutdown-timeout",
@@ -112,7 +112,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_extra("serving", "fastapi", "uvicorn", "openai")
+    require_extra("serving", "fastapi", "uvicorn", "openai", "prometheus_client")
     if args.max_requests_per_batch is not None and not args.continuous_batching:
         raise CommandError("--max-requests-per-batch sets the rows of --continuous-batching: pass both, or neither.")
     if args.api_key is not None and not args.api_key.strip():

@@ -150,6 +150,7 @@ class RefusionRequests:
         room = self.served.max_model_len - prompt_tokens
         if (asked is not None and asked > room) or room < 1:
             raise context_error(prompt_tokens, asked, self.served.max_model_len, self._prompt_field)
+        self.generation_state.metrics.prompt_tokens.inc(prompt_tokens)
         if asked is None:  # serve's default budget (at least 1024 new tokens), within the context
             gen_config.max_new_tokens = min(gen_config.max_new_tokens, room)
         if use_cb:

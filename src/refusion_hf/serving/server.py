@@ -36,6 +36,7 @@ import contextvars
 import json
 import queue
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from transformers.cli.serving.utils import (
 from ..generation.generate_arguments import refuse_unsupported
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config
 from ..modeling.modeling_refusion import RefusionForCausalLM
+from .metrics import ARRIVED, ServerMetrics
 
 # The `seed` of the request being handled: set by the handler, read where the request is submitted for decoding
 # (the same asyncio task), applied on the decoding thread.
@@ -137,10 +139,18 @@ class SequentialGenerateManager(GenerateManager):
     `_GenerationCancelled` before the next forward pass of a cancelled request, and a request cancelled while it
     waits is never decoded. serve's streamer only checks when the answer grows, and its non-streaming path never."""
 
-    def __init__(self):
+    def __init__(self, metrics: ServerMetrics):
         super().__init__()
+        self.metrics = metrics
         self._decoding: threading.Event | None = None  # the cancel flag of the request decoding now
+        self._busy = False
         self._hooked: set[int] = set()
+
+    def wait_idle(self, deadline: float) -> None:
+        """Until no request decodes (at most until time.monotonic() reaches `deadline`): the server waits for this
+        before its event loop closes, which the inference thread reports its (cancelled) result to."""
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _stop_if_cancelled(self, module, args) -> None:
         if self._decoding is not None and self._decoding.is_set():
@@ -163,6 +173,19 @@ class SequentialGenerateManager(GenerateManager):
             super().generate_streaming, model, processor, inputs, gen_config, request_id, response_parser
         )
         stop_streamer = streamer.cancel  # serve calls it when the client goes away (or the server stops)
+        put, end, arrived, pieces = streamer.put, streamer.end, ARRIVED.get(), []
+
+        def put_counted(value):  # the first put is the prompt, the second the answer's first piece
+            put(value)
+            pieces.append(1)
+            if len(pieces) == 2 and arrived is not None:
+                self.metrics.time_to_first_token.observe(time.monotonic() - arrived)
+
+        def end_counted():
+            self.metrics.generation_tokens.inc(streamer.total_tokens)
+            end()
+
+        streamer.put, streamer.end = put_counted, end_counted
 
         def cancel_decoding():
             stop_streamer()
@@ -176,23 +199,28 @@ class SequentialGenerateManager(GenerateManager):
         cancel = self._watch(model)
         work = asyncio.ensure_future(super().generate_non_streaming(model, processor, inputs, gen_config, request_id))
         try:
-            return await until_done_or_gone(work, cancel)
+            text, prompt_tokens, generated = await until_done_or_gone(work, cancel)
+            self.metrics.generation_tokens.inc(len(generated))
+            return text, prompt_tokens, generated
         except ValueError as error:  # what generate() refuses about this request's inputs
             raise HTTPException(status_code=400, detail=str(error)) from None
 
     def _cancellable(self, fn: Callable) -> Callable:
         cancel = CANCEL.get()
-        if cancel is None:
-            return fn
+        self.metrics.waiting.inc()
 
         def run(*args, **kwargs):
-            if cancel.is_set():  # cancelled while it waited: never decoded
+            self.metrics.waiting.dec()
+            if cancel is not None and cancel.is_set():  # cancelled while it waited: never decoded
                 raise _GenerationCancelled()
             self._decoding = cancel
+            self._busy = True
+            self.metrics.running.inc()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._decoding = None
+                self._decoding, self._busy = None, False
+                self.metrics.running.dec()
 
         return run
 
@@ -224,8 +252,9 @@ class BatchRequest:
 class ContinuousBatchManager(BaseGenerateManager):
     """ReFusion continuous batching behind serve's generation-manager interface (see the module docstring)."""
 
-    def __init__(self, max_requests_per_batch: int = DEFAULT_BATCH_ROWS):
+    def __init__(self, max_requests_per_batch: int = DEFAULT_BATCH_ROWS, metrics: ServerMetrics | None = None):
         self.max_requests_per_batch = max_requests_per_batch
+        self.metrics = metrics or ServerMetrics()
         self.fatal_error: BaseException | None = None
         self._requests: queue.Queue[BatchRequest] = queue.Queue()
         self._stopping = threading.Event()
@@ -248,7 +277,16 @@ class ContinuousBatchManager(BaseGenerateManager):
         check_generation_config(model, gen_config)
         self._tokenizer = processor
         cancel = threading.Event()
-        self._requests.put(BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver, cancel))
+
+        def deliver_counted(result):
+            if not isinstance(result, BaseException):
+                self.metrics.generation_tokens.inc(len(result))
+            deliver(result)
+
+        self.metrics.waiting.inc()
+        self._requests.put(
+            BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver_counted, cancel)
+        )
         return cancel
 
     async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
@@ -277,8 +315,11 @@ class ContinuousBatchManager(BaseGenerateManager):
         chunks: asyncio.Queue = asyncio.Queue()
         streamer = DirectStreamer(processor._tokenizer, loop, chunks, response_parser=response_parser)
         prompt = torch.tensor(list(inputs["input_ids"]))
+        arrived = ARRIVED.get()
 
         def deliver(result):
+            if arrived is not None and not isinstance(result, BaseException):  # the whole answer at once
+                self.metrics.time_to_first_token.observe(time.monotonic() - arrived)
             if isinstance(result, BaseException):
                 loop.call_soon_threadsafe(chunks.put_nowait, _StreamError(str(result)))
                 return
@@ -329,6 +370,14 @@ class ContinuousBatchManager(BaseGenerateManager):
         one request's input) one at a time, so that an error reaches only its request. Requests whose client went
         away before the group starts are dropped (a group that decodes runs to its end: `generate_batch` takes its
         requests up front)."""
+        self.metrics.waiting.dec(len(group))
+        self.metrics.running.inc(len(group))
+        try:
+            self._decode_live(group)
+        finally:
+            self.metrics.running.dec(len(group))
+
+    def _decode_live(self, group: list[BatchRequest]) -> None:
         for request in [r for r in group if r.cancel.is_set()]:
             request.deliver(_GenerationCancelled())
         group = [r for r in group if not r.cancel.is_set()]
@@ -371,9 +420,20 @@ class RefusionGenerationState(GenerationState):
     """serve's generation state, handing out `SequentialGenerateManager`s, or with continuous batching one
     `ContinuousBatchManager`."""
 
-    def __init__(self, continuous_batching: bool = False, max_requests_per_batch: int = DEFAULT_BATCH_ROWS):
+    def __init__(
+        self,
+        continuous_batching: bool = False,
+        max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
+        metrics: ServerMetrics | None = None,
+    ):
         super().__init__(continuous_batching=continuous_batching)
         self.max_requests_per_batch = max_requests_per_batch
+        self.metrics = metrics or ServerMetrics()
+
+    def wait_idle(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for manager in self._generate_managers.values():
+            manager.wait_idle(deadline)
 
     def get_manager(self, model_id: str, use_cb: bool = False) -> BaseGenerateManager:
         if use_cb:
@@ -381,7 +441,9 @@ class RefusionGenerationState(GenerationState):
                 self._cb_manager.stop()
                 self._cb_manager = None
             if self._cb_manager is None:
-                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch)
+                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch, self.metrics)
                 self._cb_model_id = model_id
             return self._cb_manager
-        return self._generate_managers.setdefault(model_id, SequentialGenerateManager())
+        if model_id not in self._generate_managers:  # one inference thread per model, made once
+            self._generate_managers[model_id] = SequentialGenerateManager(self.metrics)
+        return self._generate_managers[model_id]
