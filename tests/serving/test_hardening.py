@@ -13,16 +13,18 @@ import time
 import httpx2
 import openai
 import pytest
+from transformers import Qwen3ForCausalLM
 
 from refusion_hf.cli import build_parser
 from refusion_hf.modeling.loading import load_model_and_tokenizer
+from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving import server
 from refusion_hf.serving.app import build_app
 from refusion_hf.serving.cli import warn_if_open
 from refusion_hf.serving.server import RefusionModelManager
 from tests.cli_errors import user_error
 from tests.official_layout import build_official_layout
-from tests.serving.servers import running, stock_app
+from tests.serving.servers import running, slowed_forwards, stock_app
 
 TIMEOUT = 60  # seconds, per request
 # A template that renders the generation prompt after a loop of N * N steps (about 1.5 s at N = 4000 here).
@@ -315,3 +317,38 @@ def test_api_key_from_the_environment_and_the_open_host_warning(monkeypatch, cap
 
 def test_max_model_len_over_the_models_positions_is_refused(capsys, official):
     assert "--max-model-len 4096" in user_error(capsys, ["serve", official[0], "--max-model-len", "4096"])
+
+
+def test_max_queued_requests(official):
+    """One request decodes and at most `--max-queued-requests` wait: one more is a 503 with Retry-After, before any
+    work; transformers serve queues without limit. Forwards slowed by a hook of the test so that they overlap."""
+    folder, model, tokenizer = official
+    request = {"prompt": words(3), "max_tokens": 4}
+
+    def crowd(url: str, count: int) -> list:
+        replies = [None] * count
+
+        def ask(index):
+            time.sleep(0.1 * index)  # in this order: one decodes, then they queue
+            replies[index] = httpx2.post(f"{url}/v1/completions", json=request, timeout=TIMEOUT)
+
+        clients = [threading.Thread(target=ask, args=(index,)) for index in range(count)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(TIMEOUT)
+        return replies
+
+    app, manager = stock_app(folder)
+    with running(app) as url, slowed_forwards(Qwen3ForCausalLM, 0.02):
+        assert [reply.status_code for reply in crowd(url, 4)] == [200] * 4
+    manager.shutdown()
+
+    app, state = ours(folder, max_queued_requests=2)
+    with running(app) as url, slowed_forwards(RefusionForCausalLM, 0.03):
+        replies = crowd(url, 4)
+        assert [reply.status_code for reply in replies] == [200, 200, 200, 503], [r.text for r in replies]
+        assert replies[3].headers["Retry-After"] == "1" and "--max-queued-requests 2" in replies[3].json()["detail"]
+        assert replies[0].json()["choices"][0]["text"] == answer_text(model, tokenizer, words(3), 4)
+        assert httpx2.post(f"{url}/v1/completions", json=request, timeout=TIMEOUT).status_code == 200  # room again
+    state.shutdown()

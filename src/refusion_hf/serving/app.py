@@ -161,6 +161,7 @@ def build_app(
     max_model_len: int | None = None,
     trust_request_chat_template: bool = False,
     api_key: str | None = None,
+    max_queued_requests: int | None = None,
 ):
     """The FastAPI app for one model, loaded now, with ReFusion decoding. Returns `(app, generation_state)`;
     `generation_state.shutdown()` stops the decoding worker. `served_model_name`: the names requests may give
@@ -190,7 +191,7 @@ def build_app(
     )
     metrics = ServerMetrics()
     metrics.count_forwards(loaded)
-    state = RefusionGenerationState(continuous_batching, max_requests_per_batch, metrics)
+    state = RefusionGenerationState(continuous_batching, max_requests_per_batch, metrics, max_queued_requests)
     chat = RefusionChatCompletionHandler(models, state, served)
     completion = RefusionCompletionHandler(models, state, served)
 

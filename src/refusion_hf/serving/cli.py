@@ -75,6 +75,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--max-requests-per-batch",
+        "--max-num-seqs",
         type=positive_int,
         default=None,
         help=f"rows decoded at once with --continuous-batching (default {DEFAULT_BATCH_ROWS})",
@@ -102,6 +103,12 @@ def register(subparsers) -> None:
         help="require `Authorization: Bearer <key>` on every route but /health, /metrics (default: $REFUSION_API_KEY)",
     )
     parser.add_argument(
+        "--max-queued-requests",
+        type=positive_int,
+        default=None,
+        help="most requests waiting for their decoding; one more is HTTP 503 with Retry-After (default: no limit)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=non_negative_float,
         default=10.0,
@@ -114,7 +121,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     require_extra("serving", "fastapi", "uvicorn", "openai", "prometheus_client")
     if args.max_requests_per_batch is not None and not args.continuous_batching:
-        raise CommandError("--max-requests-per-batch sets the rows of --continuous-batching: pass both, or neither.")
+        raise CommandError(
+            "--max-requests-per-batch (--max-num-seqs) sets the rows of --continuous-batching: pass both, or neither."
+        )
     if args.api_key is not None and not args.api_key.strip():
         raise CommandError("--api-key (or REFUSION_API_KEY) is empty: give a key, or leave both unset.")
     warn_if_open(args.host, args.api_key)
@@ -137,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             trust_request_chat_template=args.trust_request_chat_template,
             api_key=args.api_key,
+            max_queued_requests=args.max_queued_requests,
         )
     except ServeOptionError as error:
         raise CommandError(str(error)) from None

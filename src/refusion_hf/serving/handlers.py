@@ -79,7 +79,7 @@ def positive_count(body: dict, field: str) -> int | None:
     return value
 
 
-OPTIONAL_FIELDS = {"model", "stream"}  # the OpenAI schemas require them; this server does not
+OPTIONAL_FIELDS = {"model", "stream"}  # the OpenAI schemas require them; this server does not (`/openapi.json`)
 
 
 @functools.cache

@@ -68,6 +68,7 @@ REQUEST_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("refus
 CLIENT: contextvars.ContextVar = contextvars.ContextVar("refusion_client", default=None)
 CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("refusion_cancel", default=None)
 DISCONNECT_POLL_SECONDS = 0.02
+RETRY_AFTER_SECONDS = 1
 
 
 class RefusionModelManager(ModelManager):
@@ -132,6 +133,33 @@ async def until_done_or_gone(work: asyncio.Future, cancel: threading.Event):
         raise HTTPException(status_code=499, detail="the client closed the request") from None
 
 
+class WaitingRoom:
+    """The requests waiting for their decoding: counted (`refusion_requests_waiting`) and, with
+    `--max-queued-requests N`, at most N: one more is an HTTP 503 with `Retry-After` (as SGLang)."""
+
+    def __init__(self, metrics: ServerMetrics, limit: int | None = None):
+        self.metrics, self.limit = metrics, limit
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            if self.limit is not None and self._count >= self.limit:
+                raise HTTPException(
+                    status_code=503,
+                    detail=f"{self._count} requests are waiting already (--max-queued-requests {self.limit}): retry "
+                    "later.",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                )
+            self._count += 1
+        self.metrics.waiting.inc()
+
+    def leave(self, count: int = 1) -> None:
+        with self._lock:
+            self._count -= count
+        self.metrics.waiting.dec(count)
+
+
 class SequentialGenerateManager(GenerateManager):
     """serve's inference thread (one `generate()` at a time), checking each request's generation config before it
     is answered, seeding each request on that thread, and stopping a request's decoding when its client goes away
@@ -139,9 +167,9 @@ class SequentialGenerateManager(GenerateManager):
     `_GenerationCancelled` before the next forward pass of a cancelled request, and a request cancelled while it
     waits is never decoded. serve's streamer only checks when the answer grows, and its non-streaming path never."""
 
-    def __init__(self, metrics: ServerMetrics):
+    def __init__(self, metrics: ServerMetrics, waiting: WaitingRoom):
         super().__init__()
-        self.metrics = metrics
+        self.metrics, self.waiting = metrics, waiting
         self._decoding: threading.Event | None = None  # the cancel flag of the request decoding now
         self._busy = False
         self._hooked: set[int] = set()
@@ -207,10 +235,10 @@ class SequentialGenerateManager(GenerateManager):
 
     def _cancellable(self, fn: Callable) -> Callable:
         cancel = CANCEL.get()
-        self.metrics.waiting.inc()
+        self.waiting.enter()
 
         def run(*args, **kwargs):
-            self.metrics.waiting.dec()
+            self.waiting.leave()
             if cancel is not None and cancel.is_set():  # cancelled while it waited: never decoded
                 raise _GenerationCancelled()
             self._decoding = cancel
@@ -252,9 +280,15 @@ class BatchRequest:
 class ContinuousBatchManager(BaseGenerateManager):
     """ReFusion continuous batching behind serve's generation-manager interface (see the module docstring)."""
 
-    def __init__(self, max_requests_per_batch: int = DEFAULT_BATCH_ROWS, metrics: ServerMetrics | None = None):
+    def __init__(
+        self,
+        max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
+        metrics: ServerMetrics | None = None,
+        waiting: WaitingRoom | None = None,
+    ):
         self.max_requests_per_batch = max_requests_per_batch
         self.metrics = metrics or ServerMetrics()
+        self.waiting = waiting or WaitingRoom(self.metrics)
         self.fatal_error: BaseException | None = None
         self._requests: queue.Queue[BatchRequest] = queue.Queue()
         self._stopping = threading.Event()
@@ -283,7 +317,7 @@ class ContinuousBatchManager(BaseGenerateManager):
                 self.metrics.generation_tokens.inc(len(result))
             deliver(result)
 
-        self.metrics.waiting.inc()
+        self.waiting.enter()
         self._requests.put(
             BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver_counted, cancel)
         )
@@ -370,7 +404,7 @@ class ContinuousBatchManager(BaseGenerateManager):
         one request's input) one at a time, so that an error reaches only its request. Requests whose client went
         away before the group starts are dropped (a group that decodes runs to its end: `generate_batch` takes its
         requests up front)."""
-        self.metrics.waiting.dec(len(group))
+        self.waiting.leave(len(group))
         self.metrics.running.inc(len(group))
         try:
             self._decode_live(group)
@@ -425,10 +459,12 @@ class RefusionGenerationState(GenerationState):
         continuous_batching: bool = False,
         max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
         metrics: ServerMetrics | None = None,
+        max_queued_requests: int | None = None,
     ):
         super().__init__(continuous_batching=continuous_batching)
         self.max_requests_per_batch = max_requests_per_batch
         self.metrics = metrics or ServerMetrics()
+        self.waiting = WaitingRoom(self.metrics, max_queued_requests)
 
     def wait_idle(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -441,9 +477,9 @@ class RefusionGenerationState(GenerationState):
                 self._cb_manager.stop()
                 self._cb_manager = None
             if self._cb_manager is None:
-                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch, self.metrics)
+                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch, self.metrics, self.waiting)
                 self._cb_model_id = model_id
             return self._cb_manager
         if model_id not in self._generate_managers:  # one inference thread per model, made once
-            self._generate_managers[model_id] = SequentialGenerateManager(self.metrics)
+            self._generate_managers[model_id] = SequentialGenerateManager(self.metrics, self.waiting)
         return self._generate_managers[model_id]
