@@ -60,6 +60,18 @@ def test_wrong_types_are_4xx_naming_the_field(folder):
     state.shutdown()
 
 
+def test_an_empty_logit_bias_is_no_bias(folder):
+    """`logit_bias: {}` biases nothing (OpenAI's meaning): the answer without it (serve's own config refused it with
+    a message naming `sequence_bias`, which schemathesis found)."""
+    app, state = build_app(folder, dtype="float32", device="cpu")
+    with running(app) as url, httpx2.Client(base_url=url, timeout=TIMEOUT) as http:
+        body = {"messages": MESSAGES, "max_tokens": 3, "temperature": 0}
+        plain, empty = (http.post("/v1/chat/completions", json={**body, **extra}) for extra in ({}, {"logit_bias": {}}))
+        assert plain.status_code == empty.status_code == 200, (plain.text, empty.text)
+        assert empty.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    state.shutdown()
+
+
 @pytest.fixture(scope="module")
 def served_schema(folder):
     app, state = build_app(folder, dtype="float32", device="cpu", max_model_len=24)

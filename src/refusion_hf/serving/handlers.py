@@ -197,6 +197,8 @@ class RefusionRequests:
         bias = body.get("logit_bias") or {}
         if not all(isinstance(key, str) and key.isdigit() for key in bias):
             raise HTTPException(status_code=400, detail="logit_bias: its keys must be token ids (digits).")
+        if body.get("logit_bias") == {}:  # no bias at all (OpenAI's meaning); serve's config would refuse it
+            body["logit_bias"] = None
         config = super()._build_generation_config(body, model_generation_config, use_cb=False)
         if body.get("temperature") is not None:
             config.update(**sampling_arguments(float(body["temperature"])))
