@@ -108,7 +108,8 @@ def mutants(source: str | None = None) -> list[Mutant]:
         _replace("host /dev", '"--dev", "/dev",', '"--dev-bind", "/dev", "/dev",'),
         _replace("host /proc", '"--proc", "/proc",', '"--ro-bind", "/proc", "/proc",'),
         _replace("/usr writable", '["--ro-bind", "/usr", "/usr"]', '["--bind", "/usr", "/usr"]'),
-        _replace("the program writable", '("--ro-bind-data", str(fd), path)', '("--bind-data", str(fd), path)'),
+        _replace("the program writable", '"--ro-bind-data", str(program_fd), _PROGRAM_PATH',
+                 '"--bind-data", str(program_fd), _PROGRAM_PATH'),  # fmt: skip
         _drop("/ writable (an uncapped tmpfs)", '"--remount-ro", "/",'),
         _drop("/dev writable (an uncapped tmpfs)", '"--remount-ro", "/dev",'),
         _replace("/work 4x larger", '"--size", str(WORK_DIR_BYTES),', '"--size", str(4 * WORK_DIR_BYTES),'),
@@ -153,12 +154,12 @@ def mutants(source: str | None = None) -> list[Mutant]:
         _drop("core dumps allowed", '"--core=0",'),
         _replace("no wall-time limit (10x)", "returncode = process.wait(timeout=timeout)",
                  "returncode = process.wait(timeout=10 * timeout)"),  # fmt: skip
-        # the verdict (evidence of completion)
-        _replace("evidence not checked", "completed = nonce in evidence.read(OUTPUT_LIMIT_BYTES)", "completed = True"),
-        _replace("exit status alone", "if outcome.returncode == 0 and outcome.completed:",
-                 "if outcome.returncode == 0:"),  # fmt: skip
-        _replace("any evidence accepted", "completed = nonce in evidence.read(OUTPUT_LIMIT_BYTES)",
-                 "completed = len(evidence.read(OUTPUT_LIMIT_BYTES)) > 0"),
+        # the verdict (the judge's record)
+        _replace("judge's record not read", "verdict = _read_verdict(evidence_path, nonce)", 'verdict = (True, "")'),
+        _replace("exit status alone", "outcome.returncode == 0 and outcome.verdict is not None and outcome.verdict[0]",
+                 "outcome.returncode == 0"),
+        _replace("any nonce accepted", 'set(record) != {"nonce", "passed", "detail"} or record["nonce"] != nonce:',
+                 'set(record) != {"nonce", "passed", "detail"}:'),
     ]  # fmt: skip
     return found
 

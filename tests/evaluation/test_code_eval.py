@@ -75,3 +75,43 @@ def test_pass_at_k_is_the_chance_that_k_draws_without_replacement_include_a_corr
         none_correct *= max(n - c - draw, 0) / (n - draw)
     assert pass_at_k(n, c, k) == pytest.approx(1 - none_correct)
     assert pass_at_k(n, c, 1) == pytest.approx(c / n)
+
+
+MBPP_STYLE = [  # (solution, wrong solution, asserts) in MBPP's shape: tuples, sets, dicts, floats, a program's module
+    (
+        "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
+        "def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n",
+        "assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))",
+    ),
+    (
+        "import heapq as hq\ndef heap_queue_largest(nums, n):\n    return hq.nlargest(n, nums)\n",
+        "def heap_queue_largest(nums, n):\n    return sorted(nums)[:n]\n",
+        "assert heap_queue_largest([25, 35, 22, 85, 14, 65, 75, 22, 58], 3) == [85, 75, 65]",
+    ),
+    (
+        "import math\ndef volume_cone(r, h):\n    return (1.0 / 3) * math.pi * r * r * h\n",
+        "import math\ndef volume_cone(r, h):\n    return math.pi * r * r * h\n",
+        "assert math.isclose(volume_cone(5, 12), 314.15926535897927, rel_tol=0.001)",  # the program's `import math`
+    ),
+    (
+        "import collections\ndef freq_count(items):\n    return dict(collections.Counter(items))\n",
+        "def freq_count(items):\n    return {item: 1 for item in items}\n",
+        "assert freq_count([10, 10, 10, 20, 20, 40]) == ({10: 3, 20: 2, 40: 1})\nassert freq_count([]) == {}",
+    ),
+    (
+        "def is_not_prime(n):\n    return n > 1 and any(n % d == 0 for d in range(2, int(n ** 0.5) + 1))\n",
+        "def is_not_prime(n):\n    return n % 2 == 0\n",
+        "assert is_not_prime(2) == False\nassert is_not_prime(35) == True\nassert is_not_prime(37) is False",
+    ),
+]
+
+
+def test_mbpp_style_asserts_pass_for_right_answers_only(monkeypatch):
+    """MBPP's tests are bare asserts on the function's result, some using a module only the program imports."""
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    _, results = SandboxedCodeEval().compute(
+        references=[tests for _, _, tests in MBPP_STYLE],
+        predictions=[[right, wrong] for right, wrong, _ in MBPP_STYLE],
+        k=[1],
+    )
+    assert [[entry["passed"] for _, entry in results[task]] for task in results] == [[True, False]] * len(MBPP_STYLE)

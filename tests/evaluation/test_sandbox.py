@@ -480,8 +480,8 @@ ALLOWED_HOST_MOUNTS = {  # (a path of a host file system, the mount point): noth
     **{(f"/{name}", f"/dev/{name}"): "rw" for name in ("null", "zero", "full", "random", "urandom", "tty")},
 }
 OWN_WRITABLE_MOUNTS = {"/work": "size=65536k", "/dev/shm": "size=16384k", "/proc": None, "/dev/pts": None}
-DOCUMENTED_LIMITS = {  # run with timeout 10 s, 1024 MB, 4 processes (+ bwrap's init)
-    "Max cpu time": "11", "Max file size": str(2**20), "Max core file size": "0", "Max processes": "5",
+DOCUMENTED_LIMITS = {  # run with timeout 10 s, 1024 MB, 4 processes (+ bwrap's init and the judge)
+    "Max cpu time": "11", "Max file size": str(2**20), "Max core file size": "0", "Max processes": "6",
     "Max open files": "64", "Max address space": str(256 * 2**20),
 }  # fmt: skip
 

@@ -119,13 +119,14 @@ class ScriptedForward:
 
     def _predict(self, belief: Belief, query, i: int, index: int) -> torch.Tensor:
         offset = int(query.positions[i]) - self.prompt_lengths[index]
-        view = query.pending_view  # [q, 2]: the range of pending tags each query token sees (None: none)
-        hidden = query.hidden  # [q, 2]: positions a token must not see (a revision's re-score hides the slot)
+        view = query.pending_view  # [s, 2]: the range of pending tags each scored token sees (None: none)
+        hidden = query.hidden  # [s, 2]: positions a scored token must not see (a revision's re-score hides the slot)
+        j = i - query.num_context  # among the scored tokens
         if int(query.tokens[i]) != MASK:
             said = belief.follow(offset + 1)
-        elif hidden is not None and int(hidden[i, 1] - hidden[i, 0]) > 0:
+        elif hidden is not None and int(hidden[j, 1] - hidden[j, 0]) > 0:
             said = belief.redraft(offset)  # a revision's mask: the whole block in view, it knows the answer
-        elif view is not None and int(view[i, 1] - view[i, 0]) <= self.slot_size:
+        elif view is not None and int(view[j, 1] - view[j, 0]) <= self.slot_size:
             said = belief.redraft(offset)  # an infill mask: it sees its own slot's pending entries only
         else:
             said = belief.plan(offset)  # a plan's mask, or the next plan's riding along a verification

@@ -127,8 +127,10 @@ def test_padding_free_packing_is_stocks(fixture_path, attn_implementation):
         assert torch.equal(mine.logits, theirs.logits)
         assert torch.equal(mine.loss, theirs.loss)
     packed = ours(input_ids=PACKED, position_ids=PACKED_POSITIONS, use_cache=False).logits
-    torch.testing.assert_close(packed[:, :7], ours(input_ids=FIRST).logits, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(packed[:, 7:], ours(input_ids=SECOND).logits, rtol=1e-10, atol=1e-10)
+    # eager's softmax runs in float32 whatever the dtype: a row of 12 columns and one of 7 may round apart there
+    tolerance = 1e-10 if attn_implementation == "sdpa" else 1e-5
+    torch.testing.assert_close(packed[:, :7], ours(input_ids=FIRST).logits, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(packed[:, 7:], ours(input_ids=SECOND).logits, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])

@@ -18,7 +18,7 @@ import torch
 import uvicorn
 
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
-from refusion_hf.serving.server import build_app
+from refusion_hf.serving.app import build_app
 from tests.cli_errors import user_error
 from tests.official_layout import build_marker_folder, build_official_layout, markers
 
@@ -86,11 +86,12 @@ def stream_chat(client, **request):
 def test_chat_answers_equal_generate_streamed_or_not(embedded):
     """Greedy chat answers of the embedded model are generate()'s; streaming gives the same text, usage counts the
     answer's tokens, and the finish reason says whether it ended (stop: within serve's default budget of 1024 new
-    tokens, at its EOS) or was cut at max_tokens (length); `stop` strings end the answer as generate()'s
-    `stop_strings` do."""
+    tokens, cut to what the context has left (512 positions), at its EOS) or was cut at max_tokens (length); `stop`
+    strings end the answer as generate()'s `stop_strings` do."""
     model, tokenizer = embedded
     ids = [chat_ids(tokenizer, question) for question in QUESTIONS]
-    answers = [answer(model, ids[0], max_new_tokens=1024), answer(model, ids[1], max_new_tokens=6)]
+    budget = model.config.max_position_embeddings - ids[0].shape[1]
+    answers = [answer(model, ids[0], max_new_tokens=budget), answer(model, ids[1], max_new_tokens=6)]
     with serving(str(default_model_path())) as client:
         name = client.models.list().data[0].id
         for expected, question, max_tokens, finish in zip(answers, QUESTIONS, (None, 6), ("stop", "length")):
@@ -190,10 +191,12 @@ def free_port() -> int:
 
 
 def test_the_command_serves_and_stops_cleanly(official):
-    """`refusion serve MODEL --port P` answers, and SIGINT stops it with status 0."""
+    """`refusion serve MODEL --port P` answers, and SIGTERM stops it with status 0 (uvicorn re-raises the signal
+    once it has stopped: the command turns SIGTERM, as SIGINT, into a clean exit)."""
     folder, model, tokenizer = official
     port = free_port()
     command = [sys.executable, "-m", "refusion_hf.cli", "serve", folder, "--port", str(port), "--dtype", "float32"]
+    command += ["--shutdown-timeout", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=TIMEOUT, max_retries=0)
@@ -210,7 +213,7 @@ def test_the_command_serves_and_stops_cleanly(official):
         ids = tokenizer(WORDS[1], return_tensors="pt").input_ids
         assert reply.choices[0].text == tokenizer.decode(answer(model, ids, max_new_tokens=8), skip_special_tokens=True)
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert "Traceback" not in output, output

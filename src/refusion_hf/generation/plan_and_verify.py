@@ -244,6 +244,8 @@ def with_lookahead(state: SequenceState, fed: StageQuery) -> StageQuery:
     if not slots or plan_cannot_hold(state, slots):
         return fed
     query = fed.query
+    if query.num_context:  # never so: a revision's re-fed context goes with the draft forward before verification
+        return fed
     q = query.tokens.shape[0]
     masks = torch.full((len(slots) * state.settings.slot_size,), state.settings.mask_token_id, device=state.device)
     m = masks.shape[0]
@@ -261,7 +263,6 @@ def with_lookahead(state: SequenceState, fed: StageQuery) -> StageQuery:
         torch.cat([query.tokens, masks]),
         torch.cat([query.positions, state.slot_positions(slots)]),
         visible,
-        num_context=query.num_context,
         pending_view=view,
     )
     return StageQuery(ahead, fed.layout, Lookahead(slots, after=q))

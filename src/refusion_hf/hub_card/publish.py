@@ -8,10 +8,10 @@ this format. An adapter folder holds the adapter config (with a Hub `base_model_
 weights as safetensors, the tokenizer when there is one, and its card.
 
 The folder is built next to `out` and moved into place only when complete, so a failed run never leaves a
-half-written folder behind. Inputs are validated before any heavy work. Only the source folder's own regular files
-are read: a symbolic link leaving it (its target would be published) is refused by name, and so is what would be
-published differently from the source (a tokenizer `auto_map`, whose code publish does not carry; a corrupt
-adapter).
+half-written folder behind. Inputs are validated before any heavy work. Only the source folder's own files are read
+(own_files.py: a symbolic link leaving it at any depth, a hard link with a name outside it, a mount point or a
+special file is refused by name: its content would be published), and what would be published differently from the
+source is refused too (a tokenizer `auto_map`, whose code publish does not carry; a corrupt adapter).
 
 A push makes the repository's model the folder's: model files of an earlier push that the folder does not have
 (weights, a shard index, an adapter, this package's remote-code modules, tokenizer files: `_managed_patterns()` at
@@ -49,6 +49,7 @@ from .card import (
     check_repo_id,
 )
 from .errors import CardInputError, PublishError, PushError
+from .own_files import check_own_files
 from .sources import EvalReport, load_eval_report, load_training_summary
 
 # Top-level files that make up a model or an adapter in a Hub repository (what `from_pretrained` may read), besides
@@ -167,21 +168,6 @@ def _check_out(out: Path, source: Path, overwrite: bool) -> None:
                 f"--out {out} has subfolders other than {CUSTOM_GENERATE_DIR}/, so it is not a published folder; "
                 "--overwrite only replaces those. Choose a new folder."
             )
-
-
-def _check_own_files(folder: Path, flag: str) -> None:
-    """The files publish reads are the folder's own top-level files: a symbolic link whose target lies outside the
-    folder (its content would be copied into the published folder, and uploaded by --push) or a special file (a
-    FIFO, a device) is refused by name. A link to a file inside the folder is read as that file."""
-    root = folder.resolve()
-    for entry in sorted(folder.iterdir()):
-        if entry.is_symlink() and root not in entry.resolve().parents:
-            raise CardInputError(
-                f"{flag} {folder}: {entry.name} is a symbolic link to {entry.resolve()}, outside the folder; publish "
-                "copies only the folder's own files: replace the link by a copy of the file."
-            )
-        if not (entry.is_file() or entry.is_dir()):
-            raise CardInputError(f"{flag} {folder}: {entry.name} is not a regular file; remove it or put a file there.")
 
 
 def _check_checkpoint(folder: Path, flag: str) -> None:
@@ -332,7 +318,7 @@ def _write_adapter(
     recorded = adapter_config.get("base_model_name_or_path")
     base_local = Path(recorded) if recorded and Path(recorded).is_dir() else None
     if base_local is not None:  # its tokenizer and config are read
-        _check_own_files(base_local, "adapter_config.json base_model_name_or_path")
+        check_own_files(base_local, "adapter_config.json base_model_name_or_path")
     if base_model is None:
         if not recorded:
             raise CardInputError(
@@ -409,9 +395,9 @@ def publish(
 
     source, source_hub_id = _resolve_source(model)
     if source_hub_id is None:  # a Hub snapshot's files are links into the download cache, by design
-        _check_own_files(source, "--model")
+        check_own_files(source, "--model")
     if tokenizer is not None:
-        _check_own_files(Path(tokenizer), "--tokenizer")
+        check_own_files(Path(tokenizer), "--tokenizer")
     _check_reports_are_of(reports, source, allow_eval_mismatch)
     is_adapter = (source / "adapter_config.json").is_file()
     if not is_adapter and not (source / "config.json").is_file():

@@ -1,16 +1,21 @@
 """`refusion serve [MODEL]`: an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`) with
-ReFusion decoding, built on `transformers serve` (`server.py` says which parts of it are extended). uvicorn runs
-the app until SIGINT / SIGTERM."""
+ReFusion decoding, built on `transformers serve` (`server.py` says which parts of it are extended, `app.py` what
+the app refuses). uvicorn runs the app until SIGINT / SIGTERM. The flags follow vLLM's (`docs/serving.md`)."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
+import os
+import signal
 
 from ..command_inputs import (
     CommandError,
     check_checkpoint_folder,
     check_tokenizer_files,
     first_line,
+    non_negative_float,
     positive_int,
     require_extra,
 )
@@ -27,6 +32,25 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port number 0..65535, got {value}")
     return value
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only `localhost` is known to stay on this machine
+        return False
+
+
+def warn_if_open(host: str, api_key: str | None) -> None:
+    """A warning when the server listens beyond this machine with no API key."""
+    if api_key is None and not is_loopback(host):
+        logging.getLogger("refusion_hf.serving").warning(
+            "refusion serve listens on %s without an API key: anyone who can reach it can use it; pass --api-key "
+            "(or set REFUSION_API_KEY).",
+            host,
+        )
 
 
 def register(subparsers) -> None:
@@ -51,21 +75,61 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--max-requests-per-batch",
+        "--max-num-seqs",
         type=positive_int,
         default=None,
         help=f"rows decoded at once with --continuous-batching (default {DEFAULT_BATCH_ROWS})",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the name(s) requests may give as `model` (default: MODEL as given); another name is a 404",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="most tokens per request, prompt + max_tokens (default: the model's max_position_embeddings)",
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat template sent in a request (chat_template_kwargs.chat_template); default: refused",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("REFUSION_API_KEY"),
+        help="require `Authorization: Bearer <key>` on every route but /health, /metrics (default: $REFUSION_API_KEY)",
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=positive_int,
+        default=None,
+        help="most requests waiting for their decoding; one more is HTTP 503 with Retry-After (default: no limit)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=non_negative_float,
+        default=10.0,
+        help="on SIGTERM / SIGINT: seconds the requests in flight get to finish before they are ended (default 10)",
     )
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    require_extra("serving", "fastapi", "uvicorn", "openai")
+    require_extra("serving", "fastapi", "uvicorn", "openai", "prometheus_client")
     if args.max_requests_per_batch is not None and not args.continuous_batching:
-        raise CommandError("--max-requests-per-batch sets the rows of --continuous-batching: pass both, or neither.")
+        raise CommandError(
+            "--max-requests-per-batch (--max-num-seqs) sets the rows of --continuous-batching: pass both, or neither."
+        )
+    if args.api_key is not None and not args.api_key.strip():
+        raise CommandError("--api-key (or REFUSION_API_KEY) is empty: give a key, or leave both unset.")
+    warn_if_open(args.host, args.api_key)
     import uvicorn
 
-    from .server import build_app
+    from .app import ServeOptionError, build_app
 
     model = args.model if args.model is not None else str(default_model_path())
     check_checkpoint_folder(model, "MODEL")
@@ -78,13 +142,27 @@ def run(args: argparse.Namespace) -> int:
             attn_implementation=args.attn_implementation,
             continuous_batching=args.continuous_batching,
             max_requests_per_batch=args.max_requests_per_batch or DEFAULT_BATCH_ROWS,
+            served_model_name=args.served_model_name,
+            max_model_len=args.max_model_len,
+            trust_request_chat_template=args.trust_request_chat_template,
+            api_key=args.api_key,
+            max_queued_requests=args.max_queued_requests,
         )
+    except ServeOptionError as error:
+        raise CommandError(str(error)) from None
     except (OSError, ValueError) as error:
         raise CommandError(f"MODEL {model}: the checkpoint does not load ({first_line(error)}).") from None
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout
+    )
+    server = uvicorn.Server(config)
+    # uvicorn stops accepting on SIGINT / SIGTERM, gives the requests in flight --shutdown-timeout seconds (then
+    # cancels them: their decoding stops before its next forward), and re-raises the signal once it has stopped:
+    # both then end here as KeyboardInterrupt, and the command exits 0.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        server.run()  # until SIGINT / SIGTERM: uvicorn finishes the requests in flight, then re-raises the signal
-    except KeyboardInterrupt:  # SIGINT after that clean shutdown
+        server.run()
+    except KeyboardInterrupt:
         pass
     finally:
         state.shutdown()

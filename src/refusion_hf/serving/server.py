@@ -1,22 +1,15 @@
 """`refusion serve`'s server: `transformers serve` (transformers 5.24, `transformers.cli.serving`) with ReFusion
 decoding.
 
-transformers serve does the work: the FastAPI app and its routes (`build_server`), request validation against the
-OpenAI schemas, the chat template, SSE streaming (its `DirectStreamer`), usage accounting and finish reasons, the
-inference thread that runs one `generate()` at a time, model loading options (dtype, `device_map`, attention
-implementation, quantization) and uvicorn. What this module extends, and why:
+transformers serve does the work: the inference thread that runs one `generate()` at a time, SSE streaming (its
+`DirectStreamer`), model loading options (dtype, `device_map`, attention implementation, quantization); its request
+handlers as `handlers.py` extends them, in the app `app.py` builds. What this module extends, and why:
 
 * `RefusionModelManager(ModelManager)`: serve resolves a model's class as
   `getattr(transformers, config.architectures[0])`, which fails for `RefusionForCausalLM` and would load an
   official checkpoint (`architectures: ["Qwen3ForCausalLM"]`) as the stock class, which decodes autoregressively.
   Here every checkpoint loads through `RefusionForCausalLM.from_pretrained` with serve's own loading options,
   whatever its `architectures` or `auto_map` say, without running the folder's code; the processor is the tokenizer.
-* `RefusionRequests`, mixed into serve's `ChatCompletionHandler` and `CompletionHandler`: serve logs a warning and
-  ignores the OpenAI fields it does not implement (`n`, `presence_penalty`, `logprobs`, ...): here a value other than
-  the neutral one is an HTTP 422 naming the field. `temperature` / `top_p` sample (serve only sets them, which leaves
-  a greedy checkpoint greedy); `temperature: 0` is greedy. The request's `seed` is applied on the thread that decodes
-  it, right before its own decoding (serve seeds the global RNG when the request arrives, which a request decoding at
-  that moment would consume).
 * `SequentialGenerateManager(GenerateManager)` (the default): serve's one-`generate()`-at-a-time inference thread;
   each request's generation config is checked against ReFusion decoding before anything is answered, so a refused
   argument (`frequency_penalty`, which serve maps to `repetition_penalty`) is an HTTP 400 naming it rather than a 500
@@ -30,8 +23,10 @@ implementation, quantization) and uvicorn. What this module extends, and why:
   Requests that arrive while a group decodes wait for the next round (`generate_batch` takes its requests up front).
   Streamed answers arrive when their request finishes (`generate_batch` does not stream).
 * `RefusionGenerationState(GenerationState)`: hands those managers out.
-* `/v1/responses`, `/v1/systemone` and `/v1/audio/transcriptions` are not served (HTTP 501 naming the two endpoints
-  that are).
+
+The request's `seed` (`REQUEST_SEED`, set by the handler) is applied on the thread that decodes it, right before its
+own decoding (serve seeds the global RNG when the request arrives, which a request decoding at that moment would
+consume).
 """
 
 from __future__ import annotations
@@ -41,6 +36,7 @@ import contextvars
 import json
 import queue
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,10 +44,7 @@ from dataclasses import dataclass
 import torch
 from fastapi import HTTPException
 from transformers import AutoTokenizer, ContinuousBatchingConfig
-from transformers.cli.serving.chat_completion import ChatCompletionHandler
-from transformers.cli.serving.completion import CompletionHandler
 from transformers.cli.serving.model_manager import ModelManager
-from transformers.cli.serving.server import build_server
 from transformers.cli.serving.utils import (
     BaseGenerateManager,
     DirectStreamer,
@@ -64,24 +57,18 @@ from transformers.cli.serving.utils import (
 
 from ..generation.generate_arguments import refuse_unsupported
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config
-from ..generation.refusion_generation_config import sampling_arguments
 from ..modeling.modeling_refusion import RefusionForCausalLM
-
-# The OpenAI fields serve accepts but ignores, at the values that ask for nothing (any other value is refused).
-NEUTRAL_VALUES = {
-    "n": 1,
-    "best_of": 1,
-    "echo": False,
-    "logprobs": False,
-    "presence_penalty": 0,
-    "parallel_tool_calls": True,
-    "stream_options": {"include_usage": True},  # serve sends the usage with the last chunk anyway
-}
-SERVED_ENDPOINTS = "/v1/chat/completions and /v1/completions"
+from .metrics import ARRIVED, ServerMetrics
 
 # The `seed` of the request being handled: set by the handler, read where the request is submitted for decoding
 # (the same asyncio task), applied on the decoding thread.
 REQUEST_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("refusion_request_seed", default=None)
+# The HTTP request being answered (set by the app's route: its client may go away), and the cancel flag of the
+# request being submitted for decoding.
+CLIENT: contextvars.ContextVar = contextvars.ContextVar("refusion_client", default=None)
+CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("refusion_cancel", default=None)
+DISCONNECT_POLL_SECONDS = 0.02
+RETRY_AFTER_SECONDS = 1
 
 
 class RefusionModelManager(ModelManager):
@@ -128,77 +115,148 @@ def _seeded(fn: Callable, seed: int | None) -> Callable:
     return run
 
 
-class RefusionRequests:
-    """What `refusion serve` adds to a serve handler (see the module docstring); mixed in before the handler."""
-
-    def _validate_request(self, body: dict) -> None:
-        super()._validate_request(body)  # 422 for fields that no OpenAI schema has
-        refused = sorted(
-            name
-            for name in set(body) & self._unused_fields
-            if body[name] is not None and body[name] != NEUTRAL_VALUES.get(name, object())
-        )
-        if refused:
-            raise HTTPException(
-                status_code=422,
-                detail=f"refusion serve does not support {refused} (transformers serve would ignore them): leave "
-                f"them out{' (`n`: send n requests)' if 'n' in refused else ''}.",
-            )
-        REQUEST_SEED.set(body.pop("seed", None))  # applied where the request decodes, not here (serve's place)
-
-    def _build_generation_config(self, body: dict, model_generation_config, use_cb: bool = False):
-        # `use_cb` only turns the KV cache off for transformers' paged cache; ReFusion's batches keep their own cache.
-        config = super()._build_generation_config(body, model_generation_config, use_cb=False)
-        if body.get("temperature") is not None:
-            config.update(**sampling_arguments(float(body["temperature"])))
-        elif body.get("top_p") is not None:
-            config.do_sample = True  # top_p alone samples at the model's temperature, as OpenAI's API does
-        return config
+async def until_done_or_gone(work: asyncio.Future, cancel: threading.Event):
+    """`work`'s result; meanwhile, every DISCONNECT_POLL_SECONDS, whether the request's client (`CLIENT`) went away:
+    if so, or if this task is cancelled (the server stopping), `cancel` is set (decoding stops before its next
+    forward pass) and the request ends (HTTP 499, nginx's "client closed request", which no client reads)."""
+    client = CLIENT.get()
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=DISCONNECT_POLL_SECONDS)
+            if not work.done() and client is not None and await client.is_disconnected():
+                cancel.set()
+        return work.result()
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    except _GenerationCancelled:
+        raise HTTPException(status_code=499, detail="the client closed the request") from None
 
 
-class RefusionChatCompletionHandler(RefusionRequests, ChatCompletionHandler):
-    """serve's `/v1/chat/completions` handler with `RefusionRequests`."""
+class WaitingRoom:
+    """The requests waiting for their decoding: counted (`refusion_requests_waiting`) and, with
+    `--max-queued-requests N`, at most N: one more is an HTTP 503 with `Retry-After` (as SGLang)."""
 
+    def __init__(self, metrics: ServerMetrics, limit: int | None = None):
+        self.metrics, self.limit = metrics, limit
+        self._count = 0
+        self._lock = threading.Lock()
 
-class RefusionCompletionHandler(RefusionRequests, CompletionHandler):
-    """serve's `/v1/completions` handler with `RefusionRequests`. `suffix` is refused too: serve appends it to the
-    answer, which is not conditioned on it (OpenAI's meaning: the text that follows the completion)."""
+    def enter(self) -> None:
+        with self._lock:
+            if self.limit is not None and self._count >= self.limit:
+                raise HTTPException(
+                    status_code=503,
+                    detail=f"{self._count} requests are waiting already (--max-queued-requests {self.limit}): retry "
+                    "later.",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                )
+            self._count += 1
+        self.metrics.waiting.inc()
 
-    _unused_fields = CompletionHandler._unused_fields | {"suffix"}
-
-
-class NotServed:
-    """A serve endpoint `refusion serve` does not offer: HTTP 501 naming the ones it does."""
-
-    def __init__(self, endpoint: str):
-        self.endpoint = endpoint
-
-    async def handle_request(self, *args, **kwargs):
-        raise HTTPException(
-            status_code=501, detail=f"refusion serve does not serve {self.endpoint}; use {SERVED_ENDPOINTS}."
-        )
+    def leave(self, count: int = 1) -> None:
+        with self._lock:
+            self._count -= count
+        self.metrics.waiting.dec(count)
 
 
 class SequentialGenerateManager(GenerateManager):
     """serve's inference thread (one `generate()` at a time), checking each request's generation config before it
-    is answered and seeding each request on that thread."""
+    is answered, seeding each request on that thread, and stopping a request's decoding when its client goes away
+    or the server stops: a forward pre-hook on the model (torch's `register_forward_pre_hook`) raises serve's
+    `_GenerationCancelled` before the next forward pass of a cancelled request, and a request cancelled while it
+    waits is never decoded. serve's streamer only checks when the answer grows, and its non-streaming path never."""
+
+    def __init__(self, metrics: ServerMetrics, waiting: WaitingRoom):
+        super().__init__()
+        self.metrics, self.waiting = metrics, waiting
+        self._decoding: threading.Event | None = None  # the cancel flag of the request decoding now
+        self._busy = False
+        self._hooked: set[int] = set()
+
+    def wait_idle(self, deadline: float) -> None:
+        """Until no request decodes (at most until time.monotonic() reaches `deadline`): the server waits for this
+        before its event loop closes, which the inference thread reports its (cancelled) result to."""
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _stop_if_cancelled(self, module, args) -> None:
+        if self._decoding is not None and self._decoding.is_set():
+            raise _GenerationCancelled()
+
+    def _watch(self, model) -> threading.Event:
+        """A cancel flag for the request being submitted (read by `submit` in this context)."""
+        if id(model) not in self._hooked:
+            model.register_forward_pre_hook(self._stop_if_cancelled)
+            self._hooked.add(id(model))
+        cancel = threading.Event()
+        CANCEL.set(cancel)
+        return cancel
 
     def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):
         check_generation_config(model, gen_config)
-        return super().generate_streaming(model, processor, inputs, gen_config, request_id, response_parser)
+        context = contextvars.copy_context()  # the flag set for this request only, not for the handler's task
+        cancel = context.run(self._watch, model)
+        queue, streamer = context.run(
+            super().generate_streaming, model, processor, inputs, gen_config, request_id, response_parser
+        )
+        stop_streamer = streamer.cancel  # serve calls it when the client goes away (or the server stops)
+        put, end, arrived, pieces = streamer.put, streamer.end, ARRIVED.get(), []
+
+        def put_counted(value):  # the first put is the prompt, the second the answer's first piece
+            put(value)
+            pieces.append(1)
+            if len(pieces) == 2 and arrived is not None:
+                self.metrics.time_to_first_token.observe(time.monotonic() - arrived)
+
+        def end_counted():
+            self.metrics.generation_tokens.inc(streamer.total_tokens)
+            end()
+
+        streamer.put, streamer.end = put_counted, end_counted
+
+        def cancel_decoding():
+            stop_streamer()
+            cancel.set()
+
+        streamer.cancel = cancel_decoding
+        return queue, streamer
 
     async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
         check_generation_config(model, gen_config)
+        cancel = self._watch(model)
+        work = asyncio.ensure_future(super().generate_non_streaming(model, processor, inputs, gen_config, request_id))
         try:
-            return await super().generate_non_streaming(model, processor, inputs, gen_config, request_id)
+            text, prompt_tokens, generated = await until_done_or_gone(work, cancel)
+            self.metrics.generation_tokens.inc(len(generated))
+            return text, prompt_tokens, generated
         except ValueError as error:  # what generate() refuses about this request's inputs
             raise HTTPException(status_code=400, detail=str(error)) from None
 
+    def _cancellable(self, fn: Callable) -> Callable:
+        cancel = CANCEL.get()
+        self.waiting.enter()
+
+        def run(*args, **kwargs):
+            self.waiting.leave()
+            if cancel is not None and cancel.is_set():  # cancelled while it waited: never decoded
+                raise _GenerationCancelled()
+            self._decoding = cancel
+            self._busy = True
+            self.metrics.running.inc()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._decoding, self._busy = None, False
+                self.metrics.running.dec()
+
+        return run
+
     def submit(self, fn, *args, **kwargs):
-        return super().submit(_seeded(fn, REQUEST_SEED.get()), *args, **kwargs)
+        return super().submit(self._cancellable(_seeded(fn, REQUEST_SEED.get())), *args, **kwargs)
 
     def async_submit(self, fn, *args, **kwargs):
-        return super().async_submit(_seeded(fn, REQUEST_SEED.get()), *args, **kwargs)
+        return super().async_submit(self._cancellable(_seeded(fn, REQUEST_SEED.get())), *args, **kwargs)
 
 
 @dataclass
@@ -210,6 +268,7 @@ class BatchRequest:
     config: object  # GenerationConfig
     seed: int | None
     deliver: Callable[[list[int] | BaseException], None]
+    cancel: threading.Event  # set when its client goes away: not decoded if its group has not started
 
     def group_key(self) -> str:
         return json.dumps([self.config.to_dict(), self.seed], sort_keys=True, default=str)
@@ -221,8 +280,15 @@ class BatchRequest:
 class ContinuousBatchManager(BaseGenerateManager):
     """ReFusion continuous batching behind serve's generation-manager interface (see the module docstring)."""
 
-    def __init__(self, max_requests_per_batch: int = DEFAULT_BATCH_ROWS):
+    def __init__(
+        self,
+        max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
+        metrics: ServerMetrics | None = None,
+        waiting: WaitingRoom | None = None,
+    ):
         self.max_requests_per_batch = max_requests_per_batch
+        self.metrics = metrics or ServerMetrics()
+        self.waiting = waiting or WaitingRoom(self.metrics)
         self.fatal_error: BaseException | None = None
         self._requests: queue.Queue[BatchRequest] = queue.Queue()
         self._stopping = threading.Event()
@@ -239,12 +305,23 @@ class ContinuousBatchManager(BaseGenerateManager):
     def is_alive(self) -> bool:
         return self.fatal_error is None
 
-    def _submit(self, model, processor, inputs, gen_config, deliver) -> None:
+    def _submit(self, model, processor, inputs, gen_config, deliver) -> threading.Event:
         if self.fatal_error is not None:
             raise HTTPException(status_code=503, detail=f"the decoding worker died: {self.fatal_error}")
         check_generation_config(model, gen_config)
         self._tokenizer = processor
-        self._requests.put(BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver))
+        cancel = threading.Event()
+
+        def deliver_counted(result):
+            if not isinstance(result, BaseException):
+                self.metrics.generation_tokens.inc(len(result))
+            deliver(result)
+
+        self.waiting.enter()
+        self._requests.put(
+            BatchRequest(list(inputs["input_ids"]), gen_config, REQUEST_SEED.get(), deliver_counted, cancel)
+        )
+        return cancel
 
     async def generate_non_streaming(self, model, processor, inputs, gen_config, request_id):
         loop = asyncio.get_running_loop()
@@ -258,9 +335,11 @@ class ContinuousBatchManager(BaseGenerateManager):
             else:
                 answer.set_result(result)
 
-        self._submit(model, processor, inputs, gen_config, lambda result: loop.call_soon_threadsafe(settle, result))
+        cancel = self._submit(
+            model, processor, inputs, gen_config, lambda result: loop.call_soon_threadsafe(settle, result)
+        )
         try:
-            generated = await answer
+            generated = await until_done_or_gone(answer, cancel)
         except ValueError as error:
             raise HTTPException(status_code=400, detail=str(error)) from None
         return processor.decode(generated, skip_special_tokens=True), len(inputs["input_ids"]), generated
@@ -270,8 +349,11 @@ class ContinuousBatchManager(BaseGenerateManager):
         chunks: asyncio.Queue = asyncio.Queue()
         streamer = DirectStreamer(processor._tokenizer, loop, chunks, response_parser=response_parser)
         prompt = torch.tensor(list(inputs["input_ids"]))
+        arrived = ARRIVED.get()
 
         def deliver(result):
+            if arrived is not None and not isinstance(result, BaseException):  # the whole answer at once
+                self.metrics.time_to_first_token.observe(time.monotonic() - arrived)
             if isinstance(result, BaseException):
                 loop.call_soon_threadsafe(chunks.put_nowait, _StreamError(str(result)))
                 return
@@ -282,7 +364,14 @@ class ContinuousBatchManager(BaseGenerateManager):
             except _GenerationCancelled:  # the client went away
                 loop.call_soon_threadsafe(chunks.put_nowait, None)
 
-        self._submit(model, processor, inputs, gen_config, deliver)
+        cancel = self._submit(model, processor, inputs, gen_config, deliver)
+        stop_streamer = streamer.cancel
+
+        def cancel_request():
+            stop_streamer()
+            cancel.set()
+
+        streamer.cancel = cancel_request
         return chunks, streamer
 
     def _run(self) -> None:
@@ -312,7 +401,20 @@ class ContinuousBatchManager(BaseGenerateManager):
 
     def _decode_group(self, group: list[BatchRequest]) -> None:
         """One generation config: `generate_batch` for all, else (seeded, stop strings, or a batch that failed on
-        one request's input) one at a time, so that an error reaches only its request."""
+        one request's input) one at a time, so that an error reaches only its request. Requests whose client went
+        away before the group starts are dropped (a group that decodes runs to its end: `generate_batch` takes its
+        requests up front)."""
+        self.waiting.leave(len(group))
+        self.metrics.running.inc(len(group))
+        try:
+            self._decode_live(group)
+        finally:
+            self.metrics.running.dec(len(group))
+
+    def _decode_live(self, group: list[BatchRequest]) -> None:
+        for request in [r for r in group if r.cancel.is_set()]:
+            request.deliver(_GenerationCancelled())
+        group = [r for r in group if not r.cancel.is_set()]
         if len(group) > 1 and not group[0].decodes_alone():
             rows = ContinuousBatchingConfig(max_requests_per_batch=self.max_requests_per_batch)
             try:
@@ -330,6 +432,9 @@ class ContinuousBatchManager(BaseGenerateManager):
                     request.deliver(results[f"req_{index}"].generated_tokens)
                 return
         for request in group:
+            if request.cancel.is_set():  # its client went away while the ones before it decoded
+                request.deliver(_GenerationCancelled())
+                continue
             try:
                 if request.seed is not None:
                     torch.manual_seed(request.seed)
@@ -349,9 +454,22 @@ class RefusionGenerationState(GenerationState):
     """serve's generation state, handing out `SequentialGenerateManager`s, or with continuous batching one
     `ContinuousBatchManager`."""
 
-    def __init__(self, continuous_batching: bool = False, max_requests_per_batch: int = DEFAULT_BATCH_ROWS):
+    def __init__(
+        self,
+        continuous_batching: bool = False,
+        max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
+        metrics: ServerMetrics | None = None,
+        max_queued_requests: int | None = None,
+    ):
         super().__init__(continuous_batching=continuous_batching)
         self.max_requests_per_batch = max_requests_per_batch
+        self.metrics = metrics or ServerMetrics()
+        self.waiting = WaitingRoom(self.metrics, max_queued_requests)
+
+    def wait_idle(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for manager in self._generate_managers.values():
+            manager.wait_idle(deadline)
 
     def get_manager(self, model_id: str, use_cb: bool = False) -> BaseGenerateManager:
         if use_cb:
@@ -359,39 +477,9 @@ class RefusionGenerationState(GenerationState):
                 self._cb_manager.stop()
                 self._cb_manager = None
             if self._cb_manager is None:
-                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch)
+                self._cb_manager = ContinuousBatchManager(self.max_requests_per_batch, self.metrics, self.waiting)
                 self._cb_model_id = model_id
             return self._cb_manager
-        return self._generate_managers.setdefault(model_id, SequentialGenerateManager())
-
-
-def build_app(
-    model: str,
-    dtype: str = "auto",
-    device: str = "auto",
-    attn_implementation: str | None = None,
-    continuous_batching: bool = False,
-    max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
-    enable_cors: bool = False,
-):
-    """serve's FastAPI app (`build_server`) for one model, loaded now, with ReFusion decoding. Returns
-    `(app, generation_state)`; `generation_state.shutdown()` stops the decoding worker."""
-    models = RefusionModelManager(
-        device=device,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        continuous_batching=continuous_batching,
-        force_model=model,
-    )
-    state = RefusionGenerationState(continuous_batching, max_requests_per_batch)
-    app = build_server(
-        models,
-        RefusionChatCompletionHandler(model_manager=models, generation_state=state),
-        completion_handler=RefusionCompletionHandler(model_manager=models, generation_state=state),
-        response_handler=NotServed("/v1/responses"),
-        transcription_handler=NotServed("/v1/audio/transcriptions"),
-        systemone_handler=NotServed("/v1/systemone"),
-        generation_state=state,
-        enable_cors=enable_cors,
-    )
-    return app, state
+        if model_id not in self._generate_managers:  # one inference thread per model, made once
+            self._generate_managers[model_id] = SequentialGenerateManager(self.metrics, self.waiting)
+        return self._generate_managers[model_id]

@@ -11,6 +11,7 @@ from .data import DataFormatError, RefusionSFTDataset, load_sft_dataset
 from .packing import PackedCausalLMCollator
 
 _LAZY = {
+    "CheckpointWriteError": "trainer",
     "RefusionTrainer": "trainer",
     "RefusionEpochCallback": "trainer",
     "RefusionSFTTrainer": "sft",
@@ -28,6 +29,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "CheckpointWriteError",
     "DataFormatError",
     "PackedCausalLMCollator",
     "RefusionDataCollator",

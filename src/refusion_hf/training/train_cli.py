@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         require_extra("deepspeed", "deepspeed")
     model_args, training_args = parse_arguments(getattr(args, "extra_args", []))
     require_extra("train", "accelerate", *(["peft"] if model_args.lora else []))
-    from .trainer import RefusionTrainer
+    from .trainer import CheckpointWriteError, RefusionTrainer
 
     output_dir = training_args.output_dir
     resume = resolve_checkpoint(
@@ -247,6 +247,11 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         trainer.train(resume_from_checkpoint=resume)
+    except CheckpointWriteError as error:  # the trainer removed the partial checkpoint
+        advice = "free space" if error.disk_full else "check the disk (a full one fails so)"
+        raise CommandError(
+            f"--output-dir {output_dir}: {error}; {advice} and resume with --resume-from-checkpoint last."
+        ) from None
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

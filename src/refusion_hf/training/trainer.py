@@ -22,7 +22,11 @@ resuming are the stock ones):
   smoother also assumes shifted causal-LM labels);
 * `create_model_card` writes the ReFusion card (`hub_card`, the one `refusion publish` writes) from the live
   training state into `output_dir`, as trl's trainers do; `push_to_hub` calls it too. `save_model()` and every
-  checkpoint write the card of what they saved (README.md, the training details up to that step).
+  checkpoint write the card of what they saved (README.md, the training details up to that step);
+* a checkpoint whose save fails (a full disk: safetensors, `torch.save` and the JSON writes each fail their own way)
+  is removed, so no half-written `checkpoint-N` is left beside the complete ones, and the failure is raised as one
+  `CheckpointWriteError` naming the folder (`refusion train` prints it as one line). A run killed mid-save can still
+  leave one: `refusion train --resume-from-checkpoint last` skips it.
 
 The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCollator` (set
 `remove_unused_columns=False`, add `RefusionEpochCallback`); it just does not log the two parts.
@@ -31,15 +35,19 @@ The stock `Trainer` also trains a ReFusion model correctly with `RefusionDataCol
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
+from ..command_inputs import first_line
 from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
 from .engines import full_state_dict, holds_engine_checkpoint, use_requested_engine_on_cpu
@@ -48,6 +56,34 @@ logger = logging.get_logger(__name__)
 
 LOSS_PARTS = ("ar_loss", "mdm_loss")
 COLLATOR_COLUMNS = ("input_ids", "prompt_length")
+
+
+DISK_FULL_TEXTS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (an I/O error: a full disk...); its partial folder has been removed."""
+
+    def __init__(self, folder: Path, cause: BaseException, free_bytes: int | None):
+        self.folder, self.cause, self.free_bytes = folder, cause, free_bytes
+        self.disk_full = getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
+            text in str(cause) for text in DISK_FULL_TEXTS
+        )
+        free = "" if free_bytes is None else f"; {free_bytes / 2**20:.1f} MiB were free there when it failed"
+        super().__init__(
+            f"{'the disk is full: ' if self.disk_full else ''}writing the checkpoint {folder.name} failed "
+            f"({type(cause).__name__}: {first_line(cause)}{free}); the partial {folder.name} was removed"
+        )
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether `error` is how a file write fails: an `OSError`, safetensors' own error, or the `RuntimeError` of
+    torch's serializer (`torch.save` on a full disk: "unexpected pos ...", "file write failed")."""
+    if isinstance(error, (OSError, SafetensorError)):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        text in str(error) for text in ("inline_container", "PytorchStreamWriter", "file write failed")
+    )
 
 
 class RefusionEpochCallback(TrainerCallback):
@@ -194,9 +230,23 @@ class RefusionTrainer(Trainer):
         """The stock checkpoint, then its ReFusion card (training details up to this step), so that every checkpoint
         is a complete folder to publish (except under FSDP / DeepSpeed, whose checkpoints hold the engine's shards,
         not a from_pretrained folder: no card). `Trainer._save_checkpoint` by name: TRL's (in `RefusionSFTTrainer`)
-        writes its own card into `output_dir` first, before any model is saved there."""
-        Trainer._save_checkpoint(self, model, trial)
-        self._write_card(Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        writes its own card into `output_dir` first, before any model is saved there.
+
+        A save that fails removes the checkpoint folder (see the module docstring); a write failure is raised as
+        `CheckpointWriteError`."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        try:
+            Trainer._save_checkpoint(self, model, trial)
+            self._write_card(folder)
+        except Exception as error:
+            try:  # before the removal frees the partial files' space
+                free = shutil.disk_usage(folder.parent).free
+            except OSError:
+                free = None
+            shutil.rmtree(folder, ignore_errors=True)
+            if is_write_failure(error):
+                raise CheckpointWriteError(folder, error, free) from error
+            raise
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The stock save; a save you ask for (not a checkpoint's or `push_to_hub`'s) is a normal `from_pretrained`
@@ -246,4 +296,4 @@ class RefusionTrainer(Trainer):
         super().log(logs, start_time)
 
 
-__all__ = ["RefusionEpochCallback", "RefusionTrainer"]
+__all__ = ["CheckpointWriteError", "RefusionEpochCallback", "RefusionTrainer"]

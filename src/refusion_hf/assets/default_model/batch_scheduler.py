@@ -20,6 +20,7 @@ from .draft_policy import DraftPolicy
 from .prefix_stopping import PrefixStopping
 from .ragged_kv_cache import RaggedKVCache, forward_queries
 from .sequence_state import DecodingSettings, SequenceState, Stage
+from .split_attention import split_attention
 from .stages import begin_step, examine_steps, finish_step
 
 JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
@@ -89,9 +90,9 @@ def decode_batch(
             spans.append((context_width - query.num_context, kept))
         cache.keep_new_entries(spans, queries)  # 5. the cache keeps what each row kept
 
-    # The decoding loop runs in inference mode (no autograd bookkeeping on its many small tensor ops); the
-    # returned tensors are built after it, as ordinary tensors.
-    with torch.inference_mode():
+    # The decoding loop runs in inference mode (no autograd bookkeeping on its many small tensor ops), its forwards
+    # with the split masks of split_attention.py; the returned tensors are built after it, as ordinary tensors.
+    with torch.inference_mode(), split_attention(model):
         while active or waiting:
             if active:
                 step(active, kv)

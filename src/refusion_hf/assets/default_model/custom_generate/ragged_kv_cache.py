@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from .sequence_state import Kept, Query
+from .split_attention import SplitMask
 from .stage_interface import stack_rows
 
 
@@ -37,6 +38,8 @@ class RaggedKVCache:
 
     def __init__(self, config, batch_size: int, device, dtype: torch.dtype):
         self.config = config
+        # Qwen3 layers' kinds (`config.layer_types`); the decoder's masks are the same for every kind
+        self.layer_types = tuple(set(getattr(config, "layer_types", None) or ("full_attention",)))
         # the additive mask's two values, in the model's dtype (0 = attend, finfo.min = blocked)
         self.attend, self.blocked = torch.tensor([0.0, torch.finfo(dtype).min], dtype=dtype, device=device).unbind()
         # None while the cache has no rows (building a DynamicCache is not free; rows that join bring their own)
@@ -48,21 +51,41 @@ class RaggedKVCache:
         self.pending = [0] * batch_size  # host: pending entries per row
 
     def attention_mask(
-        self, visible: torch.BoolTensor, views: torch.LongTensor | None = None, hidden=None
-    ) -> torch.Tensor:
-        """visible: [B, Q, Q], views: [B, Q, 2] pending tags each query token sees ([lo, hi)), hidden: [B, Q, 2]
-        original positions whose entries each query token must not see ([lo, hi)) -> additive float mask
-        [B, 1, Q, T+Q] (0 = attend, finfo.min = blocked)."""
-        batch_size, q = visible.shape[:2]
-        cached = self.valid[:, None, :].expand(batch_size, q, -1)
+        self,
+        visible: torch.BoolTensor,
+        sees_context: torch.BoolTensor,
+        context_pads: torch.LongTensor | None = None,
+        views: torch.LongTensor | None = None,
+        hidden=None,
+    ) -> SplitMask:
+        """One forward's mask (split_attention.py) for rows that feed [C context tokens, left-padded by
+        `context_pads` ([B]; None: no row is)] + [S scored tokens]. visible: [B, S, S] among the scored tokens,
+        sees_context: [B, S, C] (False on pads), views: [B, S, 2] pending tags each scored token sees ([lo, hi)),
+        hidden: [B, S, 2] original positions whose entries each scored token must not see ([lo, hi)).
+
+        The scored rows' part is additive, [B, 1, S, T + C + S] (0 = attend, finfo.min = blocked). The context rows
+        see the committed entries and, causally, each other: boolean [B, 1, C, T + C], or nothing built at all (None:
+        sdpa's causal kernel) when the cache is empty and no row is padded, as on a prompt's prefill."""
+        batch_size, s, c = sees_context.shape
+        cached = self.valid[:, None, :].expand(batch_size, s, -1)  # [B, S, T]
         if self.tags is not None and views is not None:
             tags = self.tags[:, None, :]  # [B, 1, T]
             cached = cached | ((tags >= views[..., :1]) & (tags < views[..., 1:]))
         if hidden is not None:
             positions = self.positions[:, None, :]  # [B, 1, T]
             cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
-        allowed = torch.cat([cached, visible], dim=-1)[:, None]
-        return torch.where(allowed, self.attend, self.blocked)
+        allowed = torch.cat([cached, sees_context, visible], dim=-1)[:, None]
+        scored = torch.where(allowed, self.attend, self.blocked)
+        if not c or (context_pads is None and not self.valid.shape[1]):
+            return SplitMask(c, None, scored)
+        # Built for this forward only (a prompt's [C, C] is not worth caching).
+        context = torch.ones(c, c, dtype=torch.bool, device=visible.device).tril()[None].expand(batch_size, c, c)
+        if context_pads is not None:  # pads are seen by no token; each sees itself (no row fully blocked)
+            columns = torch.arange(c, device=visible.device)
+            real = columns[None, :] >= context_pads[:, None]  # [B, C]
+            context = context & (real[:, None, :] | torch.eye(c, dtype=torch.bool, device=visible.device)[None])
+        context = torch.cat([self.valid[:, None, :].expand(batch_size, c, -1), context], dim=-1)[:, None]
+        return SplitMask(c, context, scored)
 
     def keep_new_entries(self, spans: list[tuple[int, Kept]], queries: list[Query]) -> None:
         """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query
@@ -203,7 +226,8 @@ def _pad_entries(tensor: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id: int) -> torch.Tensor:
-    """ONE model forward for every row's query on top of the shared cache.
+    """ONE model forward for every row's query on top of the shared cache (the model's attention selected by
+    `split_attention.split_attention`, which `decode_batch` holds for its loop).
 
     Layout per row: [context tokens, left-padded to the batch's widest context] + [scored tokens, right-padded].
     Returns logits [B, S, V] for the scored parts (S = widest scored part).
@@ -212,16 +236,20 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     scored_width = max(q.num_scored for q in queries)
     if all(q.num_context == context_width and q.num_scored == scored_width for q in queries):
         pads = None  # nothing to pad (always so at batch 1)
-        input_ids, positions, visible = (stack_rows(field) for field in _fields(queries))
+        input_ids, positions, visible, sees_context = (stack_rows(field) for field in _fields(queries))
     else:
         pads = [(context_width - q.num_context, scored_width - q.num_scored) for q in queries]
-        input_ids, positions, visible = _pad_queries(queries, pads, pad_token_id)
+        input_ids, positions, visible, sees_context = _pad_queries(queries, pads, pad_token_id)
+    context_pads = None
+    if pads is not None and any(pad for pad, _ in pads):
+        context_pads = torch.tensor([pad for pad, _ in pads], device=input_ids.device)
     views = _stack_ranges([q.pending_view for q in queries], pads, visible)  # which pending entries each sees
     hidden = _stack_ranges([q.hidden for q in queries], pads, visible)  # which positions each must not see
+    mask = kv.attention_mask(visible, sees_context, context_pads, views, hidden)
     output = model(
         input_ids=input_ids,
         position_ids=positions,
-        attention_mask=kv.attention_mask(visible, views, hidden),
+        attention_mask=dict.fromkeys(kv.layer_types, mask),  # a mask per layer type, taken as given by the model
         cache=kv.cache,
         use_cache=True,
         logits_to_keep=scored_width,
@@ -229,29 +257,46 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
     return output.logits
 
 
+def _sees_context(query: Query) -> torch.BoolTensor:
+    """[s, c] which context tokens each scored token sees."""
+    if query.sees_context is not None:
+        return query.sees_context
+    return torch.ones(1, 1, dtype=torch.bool, device=query.tokens.device).expand(query.num_scored, query.num_context)
+
+
 def _fields(queries: list[Query]):
-    return [q.tokens for q in queries], [q.positions for q in queries], [q.visible for q in queries]
+    return (
+        [q.tokens for q in queries],
+        [q.positions for q in queries],
+        [q.visible for q in queries],
+        [_sees_context(q) for q in queries],
+    )
 
 
 def _pad_queries(queries: list[Query], pads: list[tuple[int, int]], pad_token_id: int):
-    """Queries of different shapes -> input_ids, positions [B, width], visible [B, width, width], each row's context
-    left-padded and its scored part right-padded by `pads` (one pad per row and tensor, one stack)."""
-    tokens, positions, visible = _fields(queries)
+    """Queries of different shapes -> input_ids, positions [B, C + S], visible [B, S, S], sees_context [B, S, C], each
+    row's context left-padded and its scored part right-padded by `pads` (one pad per row and tensor, one stack)."""
+    tokens, positions, visible, sees_context = _fields(queries)
     input_ids = torch.stack([F.pad(t, pad, value=pad_token_id) for t, pad in zip(tokens, pads)])
     positions = torch.stack([F.pad(p, pad) for p, pad in zip(positions, pads)])
-    visible = torch.stack([F.pad(v, pad + pad) for v, pad in zip(visible, pads)])
+    visible = torch.stack([F.pad(v, (0, scored_pad, 0, scored_pad)) for v, (_, scored_pad) in zip(visible, pads)])
+    sees_context = torch.stack(
+        [F.pad(v, (context_pad, 0, 0, scored_pad)) for v, (context_pad, scored_pad) in zip(sees_context, pads)]
+    )
     # A padding query attends to nothing real; let it see itself so no softmax row is fully blocked.
     width = visible.shape[1]
     visible |= torch.eye(width, dtype=torch.bool, device=visible.device)[None] & ~visible.any(-1, keepdim=True)
-    return input_ids, positions, visible
+    return input_ids, positions, visible, sees_context
 
 
 def _stack_ranges(ranges: list, pads: list[tuple[int, int]] | None, visible: torch.BoolTensor):
-    """Per-token [lo, hi) ranges of the rows ([q, 2] each, None: the empty range [0, 0) for every token), padded like
-    the queries -> [B, width, 2]; None when no row has any."""
+    """Per-scored-token [lo, hi) ranges of the rows ([s, 2] each, None: the empty range [0, 0) for every token),
+    padded like the scored tokens -> [B, S, 2]; None when no row has any."""
     if all(r is None for r in ranges):
         return None
     none = torch.zeros(visible.shape[1], 2, dtype=torch.long, device=visible.device)
     if pads is None:
         return torch.stack([none if r is None else r for r in ranges])
-    return torch.stack([none if r is None else F.pad(r, (0, 0) + pad) for r, pad in zip(ranges, pads)])
+    return torch.stack(
+        [none if r is None else F.pad(r, (0, 0, 0, scored_pad)) for r, (_, scored_pad) in zip(ranges, pads)]
+    )

@@ -59,21 +59,25 @@ class DecodingSettings:
 class Query:
     """What one sequence feeds to one forward.
 
-    The first `num_context` tokens need no logits (the prompt, on the first forward); logits are returned for the
-    remaining ones. `visible[i, j]` says whether query token i may attend to query token j; every query token
-    also sees all of the sequence's committed cache entries, and the pending infill entries whose tags lie in
-    `[pending_view[i, 0], pending_view[i, 1])` (a pending entry's tag is chosen slot * k + index in the slot, so
-    a slot's range is its own entries; None: no token sees any). `hidden[i]` is a range of original positions
-    whose cache entries query token i must not see (a revision re-scores a slot without the slot itself; None: no
-    token hides any).
+    The first `num_context` tokens need no logits (the prompt, on the first forward; a revised block's kept tokens
+    after a revision): they are causal among themselves and see every committed cache entry of the sequence, and
+    their visibility is never built as a matrix (split_attention.py). Logits are returned for the remaining ones, the
+    *scored* tokens, whose visibility the stage chooses: `visible[i, j]` says whether scored token i may attend to
+    scored token j; `sees_context[i, j]` whether it sees context token j (None: every one); every scored token also
+    sees all of the sequence's committed cache entries, and the pending infill entries whose tags lie in
+    `[pending_view[i, 0], pending_view[i, 1])` (a pending entry's tag is chosen slot * k + index in the slot, so a
+    slot's range is its own entries; None: no token sees any). `hidden[i]` is a range of original positions whose
+    cache entries scored token i must not see (a revision re-scores a slot without the slot itself; None: no token
+    hides any).
     """
 
-    tokens: torch.LongTensor  # [q]
-    positions: torch.LongTensor  # [q] original positions
-    visible: torch.BoolTensor  # [q, q]
-    num_context: int = 0
-    pending_view: torch.LongTensor | None = None  # [q, 2]
-    hidden: torch.LongTensor | None = None  # [q, 2]
+    tokens: torch.LongTensor  # [c + s]
+    positions: torch.LongTensor  # [c + s] original positions
+    visible: torch.BoolTensor  # [s, s]
+    num_context: int = 0  # c
+    pending_view: torch.LongTensor | None = None  # [s, 2]
+    hidden: torch.LongTensor | None = None  # [s, 2]
+    sees_context: torch.BoolTensor | None = None  # [s, c]
 
     @property
     def num_scored(self) -> int:

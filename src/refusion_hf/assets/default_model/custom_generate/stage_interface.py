@@ -115,20 +115,15 @@ def first_true(mask: torch.BoolTensor) -> torch.LongTensor:
 
 
 def after_context(state: SequenceState, query: Query, sees_context: torch.BoolTensor | None = None) -> Query:
-    """`query` after the tokens still to be cached (a revised block's kept tokens, re-fed in position order after a
-    revision dropped the block's entries): causal among themselves; query token i sees context token j where
-    `sees_context[i, j]` ([q, c]; None: every one)."""
-    context, c, q = state.context, state.num_context(), query.tokens.shape[0]
-    visible = torch.zeros(c + q, c + q, dtype=torch.bool, device=state.device)
-    visible[:c, :c] = causal(c, state.device)
-    visible[c:, :c] = True if sees_context is None else sees_context
-    visible[c:, c:] = query.visible
-
-    def extend(ranges):  # context tokens: the empty range
-        return None if ranges is None else torch.cat([ranges.new_zeros(c, 2), ranges])
-
-    tokens, positions = torch.cat([context, query.tokens]), torch.cat([state.context_positions, query.positions])
-    return Query(tokens, positions, visible, c, extend(query.pending_view), extend(query.hidden))
+    """`query` (its tokens all scored) after the tokens still to be cached (the prompt, or a revised block's kept
+    tokens, re-fed in position order after a revision dropped the block's entries): those are the new query's
+    context, causal among themselves; scored token i sees context token j where `sees_context[i, j]` ([s, c]; None:
+    every one). No visibility is built over the context (`Query`)."""
+    tokens = torch.cat([state.context, query.tokens])
+    positions = torch.cat([state.context_positions, query.positions])
+    return Query(
+        tokens, positions, query.visible, state.num_context(), query.pending_view, query.hidden, sees_context
+    )
 
 
 def constrained_scores(policy: DraftPolicy, logits: torch.Tensor, offsets) -> torch.Tensor:

@@ -1,0 +1,117 @@
+"""Attention for the decoder's forwards without dense masks over the context (docs/design.md §3, "Attention").
+
+Every forward of the decoder feeds, per row, `C` context tokens (the prompt on the first forward, a revised block's
+kept tokens after a revision) and then `S` scored tokens (the stage's query). The context is causal among itself and
+sees the row's committed cache entries; only the scored tokens need the visibility a stage chooses. So the forward's
+mask comes in two parts (`SplitMask`): the scored rows' `[S, T + C + S]` (T cached entries; S is a query's width:
+plan masks, drafts, infill rounds), and the context rows' `[C, T + C]`, which is *not built at all* when the cache is
+empty and no row is padded (the prompt's prefill, as in stock generate: sdpa's causal kernel, no materialised
+`[L, L]` mask). Left-padded contexts (a batch of prompts of different lengths) get a boolean `[C, C]` mask, as stock
+builds for a padded batch; a revised block re-fed on a filled cache gets `[C, T + C]` with C at most a block.
+
+The attention itself stays transformers' (`sdpa_attention_forward`, and the Qwen3 module's `eager_attention_forward`):
+this module registers, with transformers' `AttentionInterface`, one function per backend that runs it once per part
+and concatenates the two outputs. `split_attention(model)` selects it for the decoding loop through the public
+`set_attn_implementation` and restores the model's own implementation afterwards; for any other mask (a training
+step, stock generate on the same model meanwhile) the registered function is exactly the backend's, so selecting it
+changes nothing else. flash-attention and flex-attention kernels take no arbitrary per-query masks in this form:
+a model that uses them is refused with a message naming `set_attn_implementation("sdpa")`.
+
+Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+SUPPORTED_BACKENDS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class SplitMask:
+    """One forward's attention mask in its two parts (see the module docstring). Masks are 4-D, broadcast over heads.
+
+    context: [B, 1, C, T + C] boolean (True = attend), or None: causal over the C context tokens alone (the cache is
+             empty and no row is padded);
+    scored:  [B, 1, S, T + C + S] additive (0 = attend, finfo.min = blocked), in the model's dtype."""
+
+    context_width: int  # C
+    context: torch.BoolTensor | None
+    scored: torch.Tensor
+
+
+def _split(backend: str):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        """query [B, H, C + S, D], key / value [B, Hkv, T + C + S, D] -> output [B, C + S, H, D] (the backends'
+        layout), no attention weights."""
+        if not isinstance(attention_mask, SplitMask):
+            return _BACKENDS[backend](module, query, key, value, attention_mask, **kwargs)
+        c = attention_mask.context_width
+        scored = _BACKENDS[backend](module, query[:, :, c:], key, value, attention_mask.scored, **kwargs)[0]
+        if not c:
+            return scored, None
+        fed_so_far = key.shape[2] - (query.shape[2] - c)  # T + C: the scored tokens come after the context
+        keys, values = key[:, :, :fed_so_far], value[:, :, :fed_so_far]
+        context_mask = attention_mask.context
+        if context_mask is None and backend == "sdpa":  # sdpa's causal kernel: no mask at all
+            context = sdpa_attention_forward(module, query[:, :, :c], keys, values, None, is_causal=True, **kwargs)[0]
+        else:
+            if context_mask is None:  # eager materialises its [C, C] scores anyway
+                context_mask = torch.ones(c, c, dtype=torch.bool, device=query.device).tril()[None, None]
+            if backend == "eager":  # eager adds its mask to the scores
+                blocked = torch.finfo(query.dtype).min
+                context_mask = torch.zeros(context_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                    ~context_mask, blocked
+                )
+            context = _BACKENDS[backend](module, query[:, :, :c], keys, values, context_mask, **kwargs)[0]
+        return torch.cat([context, scored], dim=1), None
+
+    return attention
+
+
+_BACKENDS = {"sdpa": sdpa_attention_forward, "eager": eager_attention_forward}
+# Named after this module: a model folder's remote-code copy of it (another `SplitMask` class) registers its own.
+_MODULE_TAG = re.sub(r"\W", "_", __name__)
+IMPLEMENTATIONS = {backend: f"refusion_split_{backend}__{_MODULE_TAG}" for backend in SUPPORTED_BACKENDS}
+for _backend, _name in IMPLEMENTATIONS.items():
+    AttentionInterface.register(_name, _split(_backend))
+
+_selected: dict[int, list] = {}  # id(config) -> [the model's own implementation, decoding loops using the split one]
+_selected_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def split_attention(model):
+    """Within the block, `model`'s attention layers take `SplitMask`s (and every other mask as before); several
+    decoding loops may run on one model at once (threads): the model's own implementation is restored when the
+    last one ends."""
+    config = model.config
+    with _selected_lock:
+        entry = _selected.get(id(config))
+        if entry is None:
+            own = config._attn_implementation
+            if own not in SUPPORTED_BACKENDS:
+                raise ValueError(
+                    f"ReFusion decoding runs on the 'sdpa' or 'eager' attention implementation; this model uses "
+                    f"{own!r}, whose kernels take no per-query masks. Call `model.set_attn_implementation('sdpa')` "
+                    f"(or load it with `attn_implementation='sdpa'`), or use `decoding='autoregressive'`."
+                )
+            model.set_attn_implementation(IMPLEMENTATIONS[own])
+            entry = _selected[id(config)] = [own, 0]
+        entry[1] += 1
+    try:
+        yield
+    finally:
+        with _selected_lock:
+            entry[1] -= 1
+            if not entry[1]:
+                del _selected[id(config)]
+                model.set_attn_implementation(entry[0])

@@ -1,0 +1,154 @@
+"""Long prompts at stock cost (issue 38): the prompt is prefilled through the causal path with no mask over it, every
+later query builds only its own rows, and peak memory grows linearly with the prompt; the split attention equals
+the dense one it replaces, on both backends; lengths past what the answer can use allocate nothing."""
+
+import sys
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from refusion_hf.generation import ragged_kv_cache
+from refusion_hf.generation.split_attention import IMPLEMENTATIONS, SplitMask, split_attention
+from tests.generation.test_memory import peak_growth_kib
+from tests.oracle import generate_kwargs, load_cases, mismatch
+from tests.tiny_models import tiny_refusion_model
+
+CASES = load_cases()
+
+
+def _recorded_masks(monkeypatch) -> list[SplitMask]:
+    """Every `SplitMask` the decoder builds from now on, in order."""
+    masks = []
+    build = ragged_kv_cache.RaggedKVCache.attention_mask
+
+    def recording(self, *args, **kwargs):
+        masks.append(build(self, *args, **kwargs))
+        return masks[-1]
+
+    monkeypatch.setattr(ragged_kv_cache.RaggedKVCache, "attention_mask", recording)
+    return masks
+
+
+def test_the_prompt_is_prefilled_with_no_mask_over_it(model32, monkeypatch):
+    """The first forward's context rows get no mask at all (sdpa's causal kernel); its scored rows' mask is
+    [S, C + S] with S the plan's masks; no later mask is wider than the cache plus its own query."""
+    masks = _recorded_masks(monkeypatch)
+    prompt = torch.randint(4, 60, (1, 300), generator=torch.Generator().manual_seed(0))
+    model32.generate(prompt, max_new_tokens=16, slot_size=4, block_size=8)
+    first = masks[0]
+    assert first.context_width == 300 and first.context is None
+    assert first.scored.shape == (1, 1, 8, 300 + 8)  # the block's two slots of masks
+    for mask in masks[1:]:
+        s = mask.scored.shape[2]
+        assert s <= 8 + 8 and mask.scored.shape[3] <= 300 + 16 + s  # cache (prompt + answer) + query
+        assert mask.context_width == 0 or mask.context.shape[2] == mask.context_width
+
+
+def test_a_padded_batch_gets_a_boolean_context_mask_as_stock_does(model32, monkeypatch):
+    """Prompts of different lengths: the context rows need their pads blocked, as stock's padded prefill does (a
+    boolean [B, 1, C, C]); each row's answer equals its answer alone."""
+    masks = _recorded_masks(monkeypatch)
+    generator = torch.Generator().manual_seed(1)
+    long, short = torch.randint(4, 60, (1, 40), generator=generator), torch.randint(4, 60, (1, 25), generator=generator)
+    ids = torch.cat([long, torch.cat([torch.zeros(1, 15, dtype=torch.long), short], dim=1)])
+    mask = torch.cat([torch.ones(1, 40), torch.cat([torch.zeros(1, 15), torch.ones(1, 25)], dim=1)]).long()
+    knobs = dict(max_new_tokens=12, slot_size=4, block_size=8, pad_token_id=0)
+    together = model32.generate(ids, attention_mask=mask, **knobs)
+    first = masks[0]
+    assert first.context.dtype == torch.bool and first.context.shape == (2, 1, 40, 40)
+    assert not first.context[1, 0, 20, :15].any() and first.context[1, 0, 20, 15:21].all()  # pads blocked
+    for row, prompt in enumerate((long, short)):
+        alone = model32.generate(prompt, **knobs)
+        assert together[row, 40:].tolist()[: alone.shape[1] - prompt.shape[1]] == alone[0, prompt.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("cached", [0, 6], ids=["empty-cache", "filled-cache"])
+def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached):
+    """One forward with a `SplitMask` gives the logits of the same forward with the dense [C + S, T + C + S] mask,
+    with an empty cache (causal context, no mask) and a filled one with holes (context sees the valid entries)."""
+    torch.manual_seed(0)
+    model = tiny_refusion_model(attn_implementation=backend).double()
+    c, s = 5, 4
+    past = torch.randint(4, 60, (1, cached))
+    valid = torch.ones(1, cached, dtype=torch.bool)
+    valid[0, 1:3] = False  # holes the new tokens must not see
+    ids = torch.randint(4, 60, (1, c + s))
+    visible = torch.rand(s, s) > 0.5
+    visible |= torch.eye(s, dtype=torch.bool)
+    sees_context = torch.rand(s, c) > 0.3
+    dense = torch.zeros(c + s, cached + c + s, dtype=torch.bool)
+    dense[:, :cached] = valid
+    dense[:c, cached : cached + c] = torch.ones(c, c, dtype=torch.bool).tril()
+    dense[c:, cached : cached + c] = sees_context
+    dense[c:, cached + c :] = visible
+    blocked, attend = torch.tensor(torch.finfo(torch.float64).min, dtype=torch.float64), torch.tensor(0.0).double()
+    positions = torch.arange(cached, cached + c + s)[None]
+
+    def run(mask):
+        cache = DynamicCache(config=model.config)
+        if cached:
+            model(input_ids=past, cache=cache, use_cache=True)
+        return model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True).logits
+
+    reference = run(torch.where(dense, attend, blocked)[None, None])
+    scored = torch.where(dense[c:], attend, blocked)[None, None]
+    split = SplitMask(c, dense[:c, : cached + c][None, None] if cached else None, scored)
+    with split_attention(model):
+        assert model.config._attn_implementation == IMPLEMENTATIONS[backend]
+        logits = run({"full_attention": split})
+    assert model.config._attn_implementation == backend  # restored
+    tolerance = 1e-10 if backend == "sdpa" else 1e-6  # eager's softmax runs in float32 whatever the dtype
+    torch.testing.assert_close(logits, reference, rtol=tolerance, atol=tolerance)
+
+
+def test_eager_decodes_the_golden_cases_as_sdpa_does(fixture_path):
+    from refusion_hf import RefusionForCausalLM
+
+    eager = RefusionForCausalLM.from_pretrained(fixture_path, dtype=torch.float64, attn_implementation="eager").eval()
+    for case in CASES[:6]:
+        ids = torch.tensor([case["prompt_ids"]])
+        out = eager.generate(ids, return_dict_in_generate=True, **generate_kwargs(case))
+        assert mismatch(case, out.sequences[0, ids.shape[1] :].tolist(), out.num_forward_passes) is None, case["id"]
+
+
+def test_other_attention_kernels_are_refused_by_name(model32):
+    """flash-attention / flex-attention kernels take no per-query masks in this form: refused, saying what to do
+    (and the model's own implementation is left as it was)."""
+    ids = torch.tensor([[5, 6, 7]])
+    own = model32.config._attn_implementation
+    try:
+        model32.config._attn_implementation = "flex_attention"
+        with pytest.raises(ValueError, match=r"uses 'flex_attention'.*set_attn_implementation\('sdpa'\)"):
+            model32.generate(ids, max_new_tokens=4, slot_size=2)
+        assert model32.config._attn_implementation == "flex_attention"
+    finally:
+        model32.config._attn_implementation = own
+
+
+def test_a_slot_larger_than_the_answer_allocates_nothing_for_it(model64):
+    """A slot_size past max_new_tokens decodes as one slot of the answer (the same tokens), not a 2**40 canvas."""
+    ids = torch.tensor([[5, 16, 27, 4, 59, 49]])
+    knobs = dict(max_new_tokens=8, slot_threshold=0.5, token_threshold=0.3)
+    reference = model64.generate(ids, slot_size=8, **knobs)
+    for slot_size in (16, 2**40):
+        growth = peak_growth_kib(lambda slot_size=slot_size: model64.generate(ids, slot_size=slot_size, **knobs))
+        assert growth < 64 * 1024
+        assert torch.equal(model64.generate(ids, slot_size=slot_size, **knobs), reference)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak resident memory from /proc")
+@pytest.mark.filterwarnings("ignore:The longest prompt")
+def test_peak_memory_grows_linearly_with_the_prompt():
+    """4x the prompt costs at most about 4x the memory at its peak: dense masks over the context ([L, L], quadratic)
+    would add over 1 GB at 16k tokens here, 16x what 4k adds."""
+    torch.manual_seed(0)
+    model = tiny_refusion_model(hidden_size=64, intermediate_size=128, head_dim=32, max_position_embeddings=32768)
+    knobs = dict(max_new_tokens=8, slot_size=4, block_size=8, mask_token_id=3, eos_token_id=1, pad_token_id=0)
+    growth = {}
+    for length in (4096, 16384):
+        prompt = torch.randint(4, 60, (1, length), generator=torch.Generator().manual_seed(length))
+        model.generate(prompt[:, :16], **knobs)  # warm-up
+        growth[length] = peak_growth_kib(lambda prompt=prompt: model.generate(prompt, **knobs))
+    assert growth[16384] < 4 * growth[4096] * 1.5 + 16 * 1024, growth

@@ -1,0 +1,81 @@
+"""Servers for the serving tests, each on a free 127.0.0.1 port in a thread: `running(app)` runs any ASGI app under
+uvicorn and yields its base URL (`running_server`: and the uvicorn server); `stock_app(folder)` is transformers
+serve's own app pinned to a folder, built as `transformers serve --force-model FOLDER` builds it (the baseline the
+hardening tests first attack)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import torch
+import uvicorn
+
+
+@contextlib.contextmanager
+def running_server(app, **config):
+    """`app` under uvicorn (options `config`) on 127.0.0.1 (a free port) in a thread; yields
+    `("http://127.0.0.1:PORT", server)`. Stops on exit."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the server did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+@contextlib.contextmanager
+def running(app):
+    """`app` under uvicorn on 127.0.0.1 (a free port) in a thread; yields `http://127.0.0.1:PORT`. Stops on exit."""
+    with running_server(app) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def slowed_forwards(model_class, seconds: float):
+    """Every forward of a `model_class` module sleeps `seconds` first (torch's global forward pre-hook, which runs
+    before the module's own hooks); yields the list of their start times."""
+    starts = []
+
+    def hook(module, args):
+        if isinstance(module, model_class):
+            starts.append(time.monotonic())
+            time.sleep(seconds)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield starts
+    finally:
+        handle.remove()
+
+
+def stock_app(folder: str):
+    """transformers serve's app (`build_server`) pinned to `folder` on the CPU in float32, with its own handlers for
+    the two completion endpoints. Returns `(app, model_manager)`."""
+    from transformers.cli.serving.chat_completion import ChatCompletionHandler
+    from transformers.cli.serving.completion import CompletionHandler
+    from transformers.cli.serving.model_manager import ModelManager
+    from transformers.cli.serving.server import build_server
+    from transformers.cli.serving.utils import GenerationState
+
+    manager = ModelManager(device="cpu", dtype="float32", force_model=folder)
+    state = GenerationState()
+    app = build_server(
+        manager,
+        ChatCompletionHandler(model_manager=manager, generation_state=state),
+        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
+        response_handler=None,
+        transcription_handler=None,
+        systemone_handler=None,
+        generation_state=state,
+    )
+    return app, manager
