@@ -175,6 +175,10 @@ EQUIVALENT = {  # mutant name: why no program can tell the difference here
 
 def run_mutant(mutant: Mutant, folder: Path, log: Path) -> tuple[str, float]:
     """Fork; in the child load the mutated module and run the tests; return (what killed it or "SURVIVED", s)."""
+    for sibling in SOURCE.parent.glob("*.py"):  # files sandbox.py reads next to itself (verdict_runner.py)
+        if sibling != SOURCE:
+            (folder / sibling.name).write_bytes(sibling.read_bytes())
+            (folder / sibling.name).chmod(0o644)
     mutated = folder / "sandbox.py"
     mutated.write_text(mutant.apply(SOURCE.read_text()))
     mutated.chmod(0o644)
@@ -255,6 +259,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="refusion-mutants-") as folder:
         os.chmod(folder, 0o755)  # a test loads the mutated module as another (unprivileged) user
         logs = Path(tempfile.mkdtemp(prefix="refusion-mutant-logs-"))
+        baseline, _ = run_mutant(Mutant("unmutated", ()), Path(folder), logs / "unmutated.log")
+        if baseline != "SURVIVED":  # the harness itself is broken: every mutant would look killed
+            raise SystemExit(f"the unmutated sandbox fails its tests in this harness: {baseline}")
         for index, mutant in enumerate(selected):
             outcome, seconds = run_mutant(mutant, Path(folder), logs / f"{index:03d}.log")
             equivalent = EQUIVALENT.get(mutant.name)
