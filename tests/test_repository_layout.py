@@ -23,8 +23,8 @@ CORE_PACKAGES = ("generation", "modeling")
 # Modules of other packages allowed over MODULE_MAX_LINES: the most lines they may have, and why.
 OVERSIZED_MODULES = {
     "evaluation/sandbox.py": (
-        600,
-        "one security boundary: a 74-line docstring states each property with its escape test, next to the bwrap "
+        660,
+        "one security boundary: a 98-line docstring states each property with its escape test, next to the bwrap "
         "command line, the seccomp filter and the trusted runner (run inside the sandbox) that implement them",
     ),
     "hub_card/publish.py": (

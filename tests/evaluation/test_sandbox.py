@@ -1,14 +1,30 @@
-"""The bubblewrap sandbox that runs generated code. Every escape test runs its attack twice: first as a plain
-subprocess of the same interpreter (no sandbox), where it must succeed, so the test can fail; then in the
-sandbox, where it must not."""
+"""The bubblewrap sandbox that runs generated code, observed from the host.
 
+Every escape test plants canaries on the host before the run (`Canaries`: a world-writable marker directory, a
+listening unix socket at a path and one in the abstract namespace, a FIFO, a loopback TCP listener, a SysV shared
+memory segment, a process whose command line holds a secret, and world-readable files holding that secret under
+/tmp, the repository and, as root, /etc, /home, /opt, /srv, /mnt, /run and /var/tmp), runs the attack, and asserts
+from the host that no canary was touched: the directory unchanged, no connection accepted, nothing written to the
+FIFO, and the secret in nothing the run returned (stdout, stderr, detail). Each attack is first run as a plain
+subprocess of the sandbox's own interpreter, as an unprivileged uid when the caller is root (as the sandboxed program
+is on the host), where it must touch the canaries: so file permissions alone do not keep them out, and the test can
+fail. tests/evaluation/sandbox_mutants.py checks that these tests catch a weakened sandbox."""
+
+import ctypes
+import functools
 import os
+import resource
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +38,10 @@ from refusion_hf.evaluation.sandbox import (
 )
 
 ESCAPED = "ESCAPED"  # what an attack prints when it got through
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="unsandboxed, this attack needs root to work")
+HOST_PYTHON = "/usr/bin/python3"  # the interpreter the sandbox runs
+UNSANDBOXED_UID = 60998  # an unused uid, outside the sandbox's range
 
 
 def run(program, **kwargs):
@@ -30,19 +50,156 @@ def run(program, **kwargs):
     return run_program(textwrap.dedent(program), **kwargs)
 
 
-def unsandboxed(program, timeout=10) -> subprocess.CompletedProcess:
+def unsandboxed(program, timeout=10, as_root=False) -> subprocess.CompletedProcess:
+    """The program in a plain subprocess of the sandbox's interpreter: as an unprivileged uid when the caller is
+    root (unless `as_root`), as the sandboxed program is on the host."""
+    user = {"user": UNSANDBOXED_UID, "group": UNSANDBOXED_UID, "extra_groups": []} if ROOT and not as_root else {}
     return subprocess.run(
-        [sys.executable, "-I", "-c", textwrap.dedent(program)], capture_output=True, text=True, timeout=timeout
+        [HOST_PYTHON, "-I", "-c", textwrap.dedent(program)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+        **user,
     )
 
 
-def attack(program, **kwargs):
-    """The attack prints ESCAPED when it works: it must work unsandboxed and fail (no ESCAPED, not passed) inside."""
-    plain = unsandboxed(program)
+def returned(result) -> str:
+    """Everything a sandboxed run gave back to the host."""
+    return f"{result.stdout}\n{result.stderr}\n{result.detail}"
+
+
+def attack(program, as_root=False, **kwargs):
+    """The attack prints ESCAPED when it works: it must print it unsandboxed, and not in the sandbox (stdout is
+    unbuffered there: all the program printed comes back)."""
+    plain = unsandboxed(program, as_root=as_root)
     assert ESCAPED in plain.stdout, f"the attack does not even work unsandboxed: {plain.stderr[-500:]}"
-    program = textwrap.dedent(program) + "\nassert False, 'the attack returned without escaping'\n"
     result = run(program, **kwargs)
-    assert not result.passed, result
+    assert ESCAPED not in result.stdout, result
+    return result
+
+
+class Canaries:
+    """Host-side objects a sandboxed program must not reach, planted before the run and read after it."""
+
+    def __init__(self):
+        self.secret = f"refusion-canary-{uuid.uuid4().hex}"
+        self.base = Path(tempfile.mkdtemp(prefix="refusion-canaries-", dir="/tmp"))
+        self.base.chmod(0o755)
+        self.marker = self.base / "marker"
+        self.marker.mkdir(mode=0o777)
+        self.marker.chmod(0o777)
+        (self.marker / "planted").write_text("planted")
+        self.marker_state = self._marker_state()
+        name = f".refusion-canary-file-{uuid.uuid4().hex}"  # not the secret: an error message may name the file
+        self.files = [self.base / "secret.txt", Path(__file__).parent / name]
+        if ROOT:
+            self.files += [Path(folder) / name for folder in
+                           ("/etc", "/home", "/opt", "/srv", "/mnt", "/run", "/var/tmp")]  # fmt: skip
+        for path in self.files:
+            path.write_text(self.secret)
+            path.chmod(0o644)
+        self.sockets = {}
+        self.unix_path = str(self.base / "host.sock")
+        self.abstract = f"\0{self.secret}"
+        for name, family, address in (
+            ("unix", socket.AF_UNIX, self.unix_path),
+            ("abstract", socket.AF_UNIX, self.abstract),
+            ("tcp", socket.AF_INET, ("127.0.0.1", 0)),
+        ):
+            server = socket.socket(family)
+            server.bind(address)
+            server.listen(8)
+            server.setblocking(False)
+            self.sockets[name] = server
+        os.chmod(self.unix_path, 0o777)
+        self.tcp_port = self.sockets["tcp"].getsockname()[1]
+        self.fifo = self.base / "host.fifo"
+        os.mkfifo(self.fifo, 0o666)
+        self.fifo.chmod(0o666)
+        self.fifo_reader = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.shmat.restype = ctypes.c_void_p
+        self.shm = self.libc.shmget(0, 4096, 0o1666)  # IPC_PRIVATE, IPC_CREAT | 0666
+        address = self.libc.shmat(self.shm, None, 0)
+        ctypes.memmove(address, self.secret.encode(), len(self.secret))
+        self.libc.shmdt(ctypes.c_void_p(address))
+        self.process = subprocess.Popen([HOST_PYTHON, "-c", "import time; time.sleep(120)", self.secret])
+
+    def _marker_state(self):
+        return sorted((entry.name, entry.stat().st_mtime_ns) for entry in os.scandir(self.marker)), self.marker.stat()
+
+    def program(self) -> str:
+        """A literal the attacks start from: where the canaries are."""
+        canaries = {
+            "files": [str(path) for path in self.files], "marker": str(self.marker), "unix": self.unix_path,
+            "abstract": self.abstract, "tcp": self.tcp_port, "fifo": str(self.fifo), "shm": self.shm,
+        }  # fmt: skip
+        return f"CANARIES = {canaries!r}\n"
+
+    def touched(self, result=None) -> list[str]:
+        """What was touched, seen from the host (and whether the secret is in what the run returned)."""
+        found = []
+        if self._marker_state() != self.marker_state:
+            found.append(f"marker directory changed: {sorted(os.listdir(self.marker))}")
+        for name, server in self.sockets.items():
+            try:
+                server.accept()[0].close()
+                found.append(f"a connection to the {name} socket")
+            except BlockingIOError:
+                pass
+        try:
+            if os.read(self.fifo_reader, 64):
+                found.append("data in the FIFO")
+        except BlockingIOError:
+            pass
+        if any(path.read_text() != self.secret for path in self.files):
+            found.append("a secret file changed")
+        if self.process.poll() is not None:
+            found.append("the canary process was killed")
+        if result is not None and self.secret in (result if isinstance(result, str) else returned(result)):
+            found.append("the secret came back")
+        return found
+
+    def remove(self):
+        self.process.kill()
+        self.process.wait()
+        self.libc.shmctl(self.shm, 0, None)  # IPC_RMID
+        os.close(self.fifo_reader)
+        for server in self.sockets.values():
+            server.close()
+        for path in self.files:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(self.base)
+
+
+@pytest.fixture
+def canaries():
+    """`canaries()` plants a fresh set; all are removed at the end."""
+    planted = []
+
+    def plant():
+        planted.append(Canaries())
+        return planted[-1]
+
+    yield plant
+    for each in planted:
+        each.remove()
+
+
+def escape(canaries, attack_source, expected, **kwargs):
+    """Run `attack_source` (code after `CANARIES = {...}`) unsandboxed, where it must touch canaries (`expected`: a
+    substring of each thing it must touch), then sandboxed, where it must touch none. Returns the sandboxed result.
+    The attack flushes what it printed (the runner leaves with os._exit, which does not)."""
+    attack_source = textwrap.dedent(attack_source) + "\nimport sys\nsys.stdout.flush()\n"
+    outside = canaries()
+    plain = unsandboxed(outside.program() + textwrap.dedent(attack_source))
+    touched = outside.touched(plain.stdout + plain.stderr)
+    missing = [what for what in expected if not any(what in thing for thing in touched)]
+    assert not missing, f"unsandboxed, the attack did not touch {missing} ({touched}): {plain.stderr[-800:]}"
+    inside = canaries()
+    result = run(inside.program() + textwrap.dedent(attack_source), **kwargs)
+    assert inside.touched(result) == [], result
     return result
 
 
@@ -82,6 +239,23 @@ def test_patching_the_interpreter_cannot_turn_a_failure_into_a_pass():
         "    except ValueError:\n        break\nassert False",
     ):
         assert not run(program).passed, program
+
+
+def test_writing_to_the_evidence_file_without_the_nonce_is_a_failure():
+    """The program can find the runner's evidence file among its open files; what it writes there is no evidence."""
+    forged = run(
+        """
+        import os
+        for fd in os.listdir('/proc/self/fd'):
+            try:
+                os.write(int(fd), b'0' * 64 + b'\\n')
+            except OSError:
+                pass
+        os._exit(0)
+        """,
+        tests="assert False",
+    )
+    assert not forged.passed and forged.status == "failed", forged
 
 
 def test_isolation_is_reported():
@@ -140,6 +314,78 @@ def test_arguments_are_checked():
 
 
 # ------------------------------------------------------------------------------------------------- escapes
+READ_HOST_FILES = """
+import os
+for path in CANARIES["files"]:
+    try:
+        print(open(path).read())
+    except OSError as error:
+        print(type(error).__name__)
+for folder in ["/", *sorted({os.path.dirname(path) for path in CANARIES["files"]})]:
+    try:
+        print(folder, os.listdir(folder))
+    except OSError as error:
+        print(type(error).__name__)
+try:
+    open(os.path.join(CANARIES["marker"], "planted-by-the-attack"), "w").write("x")
+except OSError as error:
+    print(type(error).__name__)
+"""
+
+CONNECT = """
+import os, socket
+for name, family, address in [("unix", socket.AF_UNIX, CANARIES["unix"]),
+                              ("abstract", socket.AF_UNIX, CANARIES["abstract"]),
+                              ("tcp", socket.AF_INET, ("127.0.0.1", CANARIES["tcp"]))]:
+    try:
+        with socket.socket(family) as client:
+            client.settimeout(2)
+            client.connect(address)
+            client.sendall(b"leak")
+    except OSError as error:
+        print(name, type(error).__name__)
+try:
+    os.write(os.open(CANARIES["fifo"], os.O_WRONLY | os.O_NONBLOCK), b"leak")
+except OSError as error:
+    print("fifo", type(error).__name__)
+"""
+
+READ_HOST_IPC = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+address = libc.shmat(CANARIES["shm"], None, 0o10000)  # SHM_RDONLY
+if address not in (None, ctypes.c_void_p(-1).value):
+    print(ctypes.string_at(address, 64).split(b"\\0")[0].decode())
+"""
+READ_HOST_PROCESSES = """
+import os
+for entry in os.listdir("/proc"):
+    try:
+        print(open(f"/proc/{entry}/cmdline").read().replace("\\0", " "))
+    except OSError:
+        pass
+"""
+
+
+def test_no_host_files(canaries):
+    escape(canaries, READ_HOST_FILES, ["marker directory changed", "the secret came back"])
+    top = {"usr", "bin", "lib", "lib64", "sbin", "proc", "dev", "work", "sandbox"}
+    assert run(f"import os\nassert set(os.listdir('/')) <= {top!r}, os.listdir('/')").passed
+
+
+def test_no_network_and_no_host_sockets_or_fifos(canaries):
+    escape(canaries, CONNECT, ["tcp socket", "unix socket", "abstract socket", "data in the FIFO"])
+    attack("import socket\nprint([name for _, name in socket.if_nameindex()] != ['lo'] and 'ESCAPED')")
+
+
+def test_no_host_ipc_or_processes(canaries):
+    """The host's SysV shared memory (its IPC namespace) and its processes' command lines (its PID namespace)."""
+    escape(canaries, READ_HOST_IPC, ["the secret came back"])
+    escape(canaries, READ_HOST_PROCESSES, ["the secret came back"])
+
+
+@needs_root
 def test_unprivileged_without_capabilities():
     attack(
         """
@@ -147,37 +393,22 @@ def test_unprivileged_without_capabilities():
         caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)
         if os.getuid() == 0 or caps:
             print('ESCAPED')
-        """
+        """,
+        as_root=True,
     )
     assert run("import os\nassert os.getuid() == 65534 and os.geteuid() == 65534").passed
     assert run("import os\ntry:\n    os.setuid(0)\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(1)").passed
 
 
-def test_no_host_files(tmp_path):
-    secret = tmp_path / "secret.txt"
-    secret.write_text("top secret")
-    secret.chmod(0o600)
-    for path in (secret, "/etc/passwd", "/root", os.getcwd(), os.path.expanduser("~"), "/tmp"):
-        result = attack(
-            f"""
-            import os
-            path = {str(path)!r}
-            readable = os.path.isdir(path) and os.listdir(path) or os.path.isfile(path) and open(path).read()
-            if os.path.exists(path) and readable:
-                print('ESCAPED')
-            """
-        )
-        assert "top secret" not in result.detail
-    assert run("import os\nassert not {'etc', 'root', 'home', 'tmp', 'work'} - set(os.listdir('/')) == {'work'}").passed
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="unsandboxed, only root can write /usr")
+@needs_root
 def test_read_only_runtime_and_writable_work_dir():
     target = f"/usr/local/refusion-sandbox-probe-{uuid.uuid4().hex}"
     try:
-        attack(f"open({target!r}, 'w').write('x')\nprint('ESCAPED')")
+        attack(f"open({target!r}, 'w').write('x')\nprint('ESCAPED')", as_root=True)
+        assert os.path.getsize(target) == 1  # the unsandboxed write; the sandboxed one would have failed here
     finally:
         os.remove(target)
+    assert not os.path.exists(target)
     assert run("open('out.txt', 'w').write('ok')\nassert open('/work/out.txt').read() == 'ok'").passed
 
 
@@ -195,64 +426,152 @@ def test_minimal_dev():
     assert run(f"import os\nassert set(os.listdir('/dev')) <= {allowed!r}, os.listdir('/dev')").passed
 
 
-@pytest.fixture
-def listener():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    server.settimeout(0.5)
-    yield server
-    server.close()
-
-
-def test_no_network(listener):
-    port = listener.getsockname()[1]
-    attack(
-        f"""
-        import socket
-        socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')
-        print('ESCAPED')
-        """
+# ------------------------------------------------------------------------------------- seen from the host
+def spawn_marked_child(marker, seconds) -> str:
+    """A program that runs a child whose command line holds `marker` (and whose own source does not)."""
+    half = len(marker) // 2
+    return (
+        f"import subprocess, sys\nmarker = {marker[:half]!r} + {marker[half:]!r}\n"
+        f"subprocess.run([sys.executable, '-c', 'import time; time.sleep({seconds})', marker])\n"
     )
-    listener.accept()  # the unsandboxed attack connected
-    with pytest.raises(socket.timeout):
-        listener.accept()  # the sandboxed one never did
-    attack("import socket\nprint([name for _, name in socket.if_nameindex()] != ['lo'] and 'ESCAPED')")
 
 
-def test_no_host_sockets_or_fifos(tmp_path):
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(tmp_path / "host.sock"))
-    server.listen(1)
-    os.mkfifo(tmp_path / "host.fifo")
+def find_process(marker, deadline) -> int | None:
+    """The process whose command line holds `marker`, looked for until `deadline` (at least once)."""
+    while True:
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and marker in open(f"/proc/{entry}/cmdline").read():
+                    return int(entry)
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
+def observe(start) -> dict:
+    """Start a program (`start(source)`, in a thread) that runs a child whose command line holds a marker; read
+    the child's state from the host's /proc, then kill it."""
+    marker = f"refusion-observed-{uuid.uuid4().hex}"
+    source = spawn_marked_child(marker, seconds=30)
+    thread = threading.Thread(target=start, args=(source,))
+    thread.start()
+    pid = find_process(marker, time.monotonic() + 20)
+    assert pid is not None, "the program's child never appeared"
     try:
-        attack(
-            f"""
-            import socket
-            client = socket.socket(socket.AF_UNIX)
-            client.connect({str(tmp_path / "host.sock")!r})
-            print('ESCAPED')
-            """
-        )
-        reader = os.open(tmp_path / "host.fifo", os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            attack(
-                f"""
-                import os
-                os.write(os.open({str(tmp_path / "host.fifo")!r}, os.O_WRONLY | os.O_NONBLOCK), b'x')
-                print('ESCAPED')
-                """
-            )
-        finally:
-            os.close(reader)
+        status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
+        seen = {
+            "status": {key: value.strip() for key, value in status.items()},
+            "limits": {line[:26].strip(): line[26:47].split()[0] for line in open(f"/proc/{pid}/limits")
+                       if not line.startswith("Limit")},  # fmt: skip
+            "mounts": [line.split() for line in open(f"/proc/{pid}/mountinfo")],
+            "namespaces": {name: os.readlink(f"/proc/{pid}/ns/{name}") for name in NAMESPACES},
+        }
     finally:
-        server.close()
+        os.kill(pid, signal.SIGKILL)
+        thread.join()
+    return seen
 
 
-def test_own_pid_namespace():
-    me = os.getpid()
-    attack(f"import os\nos.kill({me}, 0)\nprint('ESCAPED')")
-    attack(f"import os\nif any(p == '{me}' for p in os.listdir('/proc')):\n    print('ESCAPED')")
+NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
+ALLOWED_HOST_MOUNTS = {  # (a path of a host file system, the mount point): nothing else of the host is mounted
+    **{(f"/{name}", f"/{name}"): "ro" for name in ("usr", "bin", "lib", "lib64", "sbin")},
+    **{(f"/{name}", f"/dev/{name}"): "rw" for name in ("null", "zero", "full", "random", "urandom", "tty")},
+}
+OWN_WRITABLE_MOUNTS = {"/work": "size=65536k", "/dev/shm": "size=16384k", "/proc": None, "/dev/pts": None}
+DOCUMENTED_LIMITS = {  # run with timeout 10 s, 1024 MB, 4 processes (+ bwrap's init and the judge)
+    "Max cpu time": "11", "Max file size": str(2**20), "Max core file size": "0", "Max processes": "6",
+    "Max open files": "64", "Max address space": str(256 * 2**20),
+}  # fmt: skip
+
+
+def raised_core_limit(popen, *args, **kwargs):
+    """subprocess.Popen with RLIMIT_CORE raised to 1 MiB in the child (a caller that allows core dumps)."""
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    kwargs["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_CORE, (2**20, hard))
+    return popen(*args, **kwargs)
+
+
+def test_the_sandboxed_process_seen_from_the_host(monkeypatch):
+    """What the host's /proc says about a sandboxed process: other namespaces than the host's, an unprivileged host
+    uid, no capabilities, the seccomp filter and no-new-privileges, the documented limits, and a mount table with
+    nothing of the host but /usr (read-only) and the harmless device nodes. Unsandboxed, each differs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    if soft == 0 and (hard == resource.RLIM_INFINITY or hard >= 2**20):  # a caller allowing core dumps: not inside
+        monkeypatch.setattr(sandbox.subprocess, "Popen", functools.partial(raised_core_limit, subprocess.Popen))
+    host_devices = {line.split()[2] for line in open("/proc/self/mountinfo")}
+    host_namespaces = {name: os.readlink(f"/proc/self/ns/{name}") for name in NAMESPACES}
+    plain = observe(lambda source: unsandboxed(source, timeout=30, as_root=True))
+    assert plain["namespaces"] == host_namespaces and plain["status"]["Seccomp"] == "0"
+    assert plain["limits"]["Max open files"] != DOCUMENTED_LIMITS["Max open files"]
+    assert plain["limits"]["Max core file size"] != "0"
+    assert any(line[4] == "/tmp" or line[4] == "/" and line[2] in host_devices for line in plain["mounts"])
+
+    seen = observe(lambda source: run(source, timeout=10))
+    shared = {name for name in NAMESPACES if seen["namespaces"][name] == host_namespaces[name]}
+    assert not shared, f"namespaces shared with the host: {shared}"
+    status = seen["status"]
+    uids = {int(uid) for uid in status["Uid"].split() + status["Gid"].split()}
+    if ROOT:
+        assert all(sandbox.SANDBOX_UID_BASE <= uid < sandbox.SANDBOX_UID_BASE + 1000 for uid in uids), uids
+    else:
+        assert uids == {os.geteuid(), os.getegid()}, uids  # the caller's own, unchanged
+    capabilities = {key: status[key] for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    assert set(capabilities.values()) == {"0000000000000000"}, capabilities
+    assert (status["Seccomp"], status["NoNewPrivs"]) == ("2", "1")
+    limits = {key: seen["limits"][key] for key in DOCUMENTED_LIMITS}
+    assert limits == DOCUMENTED_LIMITS
+    wrong = []
+    for _, _, device, root, point, options, *rest in seen["mounts"]:
+        kind, super_options = rest[-3], rest[-1]
+        access = options.split(",")[0]
+        if device in host_devices:  # a host file system: only the allowed paths, as allowed
+            if ALLOWED_HOST_MOUNTS.get((root, point)) != access and not (point == "/" and kind == "tmpfs"):
+                wrong.append(f"host {root} at {point} ({access})")
+        elif access == "rw":  # the sandbox's own: writable only where documented, at the documented size
+            size = OWN_WRITABLE_MOUNTS.get(point, "missing")
+            if size == "missing" or size is not None and size not in super_options.split(","):
+                wrong.append(f"writable {kind} at {point} ({super_options})")
+    assert not wrong, wrong
+    assert {point for *_, point, _, _, _, _, _ in seen["mounts"]} >= {"/usr", "/work", "/dev/shm", "/proc"}
+
+
+def test_killed_with_its_caller():
+    """When the process that called `run_program` dies (SIGKILL: no cleanup of its own), the sandbox and every
+    process in it go too (bwrap's --die-with-parent). Unsandboxed, a child outlives its killed parent."""
+    for name in ("unsandboxed", "sandboxed"):
+        marker = f"refusion-orphan-{uuid.uuid4().hex}"
+        child = spawn_marked_child(marker, seconds=60)
+        if name == "unsandboxed":
+            caller = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child!r}])"
+        else:
+            caller = SANDBOX_BY_PATH.format(path=sandbox.__file__)
+            caller += f"sandbox.run_program({child!r}, timeout=60, allow_code_execution=True)"
+        process = subprocess.Popen([sys.executable, "-I", "-c", caller], cwd="/")
+        try:
+            pid = find_process(marker, time.monotonic() + 30)
+            assert pid is not None, f"{name}: the program never started"
+        finally:
+            process.kill()
+            process.wait()
+        deadline = time.monotonic() + (1 if name == "unsandboxed" else 5)
+        while os.path.exists(f"/proc/{pid}/cmdline") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if name == "unsandboxed":
+            assert find_process(marker, 0) == pid, "unsandboxed, the child outlives its killed caller"
+            os.kill(pid, signal.SIGKILL)
+        else:
+            assert find_process(marker, 0) is None, "the sandbox outlived its killed caller"
+
+
+SANDBOX_BY_PATH = """\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sandbox_under_test", {path!r})
+sandbox = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = sandbox
+spec.loader.exec_module(sandbox)
+"""
 
 
 def test_killed_as_a_whole():
@@ -309,12 +628,13 @@ def test_limits():
                 children += 1
         except OSError:
             pass
+        print('children', children, flush=True)
         if children >= 64:
             print('ESCAPED')
         """,
         max_processes=8,
     )
-    assert forks.status == "failed"
+    assert forks.stdout.split() == ["children", "7"], forks  # 8 tasks: the program and 7 children
     big = run("import sys\nsys.stdout.write('x' * 50_000_000)\nsys.stdout.flush()")
     assert not big.passed and "File too large" in big.detail
     assert not run("open('big', 'wb').write(b'x' * 100_000_000)").passed

@@ -1,12 +1,17 @@
-"""The sandbox's kernel surface: every system call of `DENIED_SYSCALLS` (and clone with a namespace flag, clone3,
-fcntl growing a pipe's buffer, a nested user namespace) is first made unsandboxed, where it reaches the kernel (it
-succeeds, or fails on its arguments: never with the filter's errno), then inside the sandbox, where the filter
-refuses it. Then the memory a run can hold: every writable path filled stops at its cap, forked children together
-stop at `memory_limit_mb`, and concurrent runs do not share their process limit."""
+"""The sandbox's kernel surface: every system call the filter must refuse (the probe's list, which must equal
+`DENIED_SYSCALLS`; and clone with a namespace flag, clone3, fcntl growing a pipe's buffer, a nested user namespace)
+is first made unsandboxed, where it reaches the kernel (it succeeds, or fails on its arguments: never with the
+filter's errno), then inside the sandbox, where the filter refuses it. Socket buffers cannot be grown and socket
+families other than AF_UNIX, AF_INET, AF_INET6 and netlink's NETLINK_ROUTE cannot be created (each shown to work
+unsandboxed), also when the arguments' high 32 bits are set. Then the memory a run can hold: every writable path
+filled stops at its cap, forked children together stop at `memory_limit_mb`, and concurrent runs do not share their
+process limit. Only the tests whose unsandboxed half needs root are skipped for other users."""
 
+import dataclasses
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +21,8 @@ import pytest
 from refusion_hf.evaluation import sandbox
 from refusion_hf.evaluation.sandbox import run_program
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="unsandboxed, several of these calls need root to succeed")
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="unsandboxed, several of these calls need root to succeed")
 
 # One call per system call, with arguments that do no harm on the host as root: the ones that change something act
 # on the probe's own process, keyring, private mount namespace or objects it removes; the kernel's own calls
@@ -30,10 +36,10 @@ libc.syscall.restype = ctypes.c_long
 L, NULL = ctypes.c_long, None
 outcomes = {{}}
 
-def call(name, *args):
+def call(name, *args, key=None):
     ctypes.set_errno(0)
     result = libc.syscall(L(NR[name]), *[L(a) if isinstance(a, int) else a for a in args])
-    outcomes[name] = 0 if result >= 0 else ctypes.get_errno()
+    outcomes[key or name] = 0 if result >= 0 else ctypes.get_errno()
     return result
 
 def buffer(size, *words):
@@ -100,6 +106,9 @@ call("lookup_dcookie", 0, NULL, 0)
 call("name_to_handle_at", -100, b"/", buffer(136, 128), buffer(4), 0)
 call("open_by_handle_at", -1, buffer(16, 8), 0)
 close(call("fanotify_init", 0, 0))
+context = ctypes.c_ulong(0)
+if call("io_setup", 1, ctypes.byref(context)) == 0:
+    libc.syscall(L(NR["io_destroy"]), L(context.value))
 close(call("memfd_create", b"refusion-probe", 0))
 close(call("memfd_secret", 0))
 segment = call("shmget", 0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
@@ -123,6 +132,10 @@ if pid == 0:
 if pid > 0:
     os.waitpid(pid, 0)
 outcomes["clone"] = outcomes.pop("clone")
+reader, writer = os.pipe()
+call("fcntl", writer, (1 << 32) | 1031, 2**20, key="fcntl, high bits")  # the kernel reads `cmd` as an int
+os.close(reader)
+os.close(writer)
 expected = {{name: errno.ENOSYS if name == "clone3" else errno.EPERM for name in outcomes}}
 if SANDBOXED:
     wrong = {{name: os.strerror(code) for name, code in outcomes.items() if code != expected[name]}}
@@ -140,9 +153,14 @@ def syscall_numbers(names) -> dict:
     return json.loads(out.stdout)
 
 
+PROBED = list(dict.fromkeys(re.findall(r'call\("(\w+)"', PROBE)))
+
+
+@needs_root
 def test_each_denied_system_call_reaches_the_kernel_unsandboxed_and_is_refused_inside():
     names = [*sandbox.DENIED_SYSCALLS, *sandbox.UNAVAILABLE_SYSCALLS, "clone", "fcntl"]
-    numbers = syscall_numbers(names)
+    assert sorted(PROBED) == sorted(names), "one probe per denied system call"
+    numbers = syscall_numbers([*names, "io_destroy"])
     plain = subprocess.run(
         [sys.executable, "-I", "-c", PROBE.format(numbers=numbers, sandboxed=False)],
         capture_output=True,
@@ -151,19 +169,138 @@ def test_each_denied_system_call_reaches_the_kernel_unsandboxed_and_is_refused_i
     )
     assert plain.returncode == 0, plain.stderr[-2000:]
     outcomes = json.loads(plain.stdout.splitlines()[-1])
-    assert set(outcomes) == set(names), "one probe per denied system call"
+    assert set(outcomes) == {*names, "fcntl, high bits"}
     # ENOSYS unsandboxed only where this kernel lacks the call (kexec, modules, uselib, lookup_dcookie here)
     refused = {name: os.strerror(code) for name, code in outcomes.items() if code == errno.EPERM}
     assert not refused, f"unsandboxed, these did not reach the kernel: {refused}"
     succeeded = {name for name, code in outcomes.items() if code == 0}
     assert succeeded >= {
-        "io_uring_setup", "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev",
-        "bpf", "perf_event_open", "userfaultfd", "unshare", "setns", "mount", "umount2", "open_tree", "fsopen",
-        "fspick", "syslog", "name_to_handle_at", "fanotify_init", "memfd_create", "shmget", "msgget", "mq_open",
-        "clone", "fcntl",
+        "io_uring_setup", "io_setup", "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv",
+        "process_vm_writev", "bpf", "perf_event_open", "userfaultfd", "unshare", "setns", "mount", "umount2",
+        "open_tree", "fsopen", "fspick", "syslog", "name_to_handle_at", "fanotify_init", "memfd_create", "shmget",
+        "msgget", "mq_open", "clone", "fcntl", "fcntl, high bits",
     }, outcomes  # fmt: skip
     result = run_program(PROBE.format(numbers=numbers, sandboxed=True), allow_code_execution=True, timeout=20)
     assert result.passed, result
+
+
+SOCKETS = r"""
+import ctypes, json, os, socket
+NR = {numbers}
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+outcomes = {{}}
+
+def attempt(key, name, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(NR[name]), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    outcomes[key] = 0 if result >= 0 else ctypes.get_errno()
+    if result >= 0 and name == "socket":
+        os.close(result)
+
+HIGH = 1 << 32  # set in an int argument: the kernel reads its low 32 bits only
+one, other = socket.socketpair()
+mebibyte = ctypes.c_int(2**20)  # the kernel doubles it (its bookkeeping), capped at net.core.wmem_max / rmem_max
+for option, number in {options}.items():
+    attempt(option, "setsockopt", one.fileno(), socket.SOL_SOCKET, number, ctypes.byref(mebibyte), 4)
+    attempt(option + ", high bits", "setsockopt", one.fileno(), HIGH | socket.SOL_SOCKET, HIGH | number,
+            ctypes.byref(mebibyte), 4)
+outcomes["send buffer held"] = one.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+for key, family, kind, protocol in [
+    ("AF_VSOCK", 40, socket.SOCK_STREAM, 0), ("AF_VSOCK, high bits", HIGH | 40, socket.SOCK_STREAM, 0),
+    ("AF_PACKET", 17, socket.SOCK_DGRAM, 0), ("AF_NETLINK NETLINK_AUDIT", 16, socket.SOCK_RAW, 9),
+    ("AF_NETLINK NETLINK_KOBJECT_UEVENT", 16, socket.SOCK_DGRAM, 15),
+    ("AF_NETLINK NETLINK_ROUTE, high bits", 16, socket.SOCK_RAW, HIGH),
+    ("AF_UNIX", 1, socket.SOCK_STREAM, 0), ("AF_INET", 2, socket.SOCK_STREAM, 0),
+    ("AF_INET6", 10, socket.SOCK_DGRAM, 0),
+    ("AF_NETLINK NETLINK_ROUTE", 16, socket.SOCK_RAW, 0),
+]:
+    attempt(key, "socket", family, kind, protocol)
+pair = (ctypes.c_int * 2)()
+attempt("socketpair AF_UNIX", "socketpair", 1, socket.SOCK_STREAM, 0, pair)
+print(json.dumps(outcomes), flush=True)
+"""
+
+
+def test_socket_buffers_and_families():
+    """Unsandboxed, a socket's buffers grow to the size asked for (a megabyte here, kept small; up to
+    net.core.wmem_max each, and without that cap with the *FORCE options as root) and sockets of other families are
+    created; inside, growing a buffer is refused (EPERM, the buffer keeps the kernel's default) and other families
+    answer EAFNOSUPPORT, also with the high bits of the int arguments set; AF_UNIX, AF_INET(6) and netlink's
+    NETLINK_ROUTE (what the C library reads interfaces with) still work."""
+    options = {"SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_SNDBUFFORCE": 32, "SO_RCVBUFFORCE": 33}  # Linux's generic numbers
+    program = SOCKETS.format(numbers=syscall_numbers(["setsockopt", "socket", "socketpair"]), options=options)
+    plain = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, text=True, timeout=30)
+    outside = json.loads(plain.stdout)
+    allowed = ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK NETLINK_ROUTE", "socketpair AF_UNIX"]
+    refused = ["AF_VSOCK", "AF_VSOCK, high bits", "AF_NETLINK NETLINK_AUDIT", "AF_NETLINK NETLINK_KOBJECT_UEVENT",
+               "AF_NETLINK NETLINK_ROUTE, high bits"] + (["AF_PACKET"] if ROOT else [])  # fmt: skip
+    grown = [key for key in outcomes_keys(options) if ROOT or "FORCE" not in key]  # FORCE: CAP_NET_ADMIN
+    assert {key: outside[key] for key in allowed + refused + grown} == dict.fromkeys(allowed + refused + grown, 0)
+    assert outside["send buffer held"] >= 2 * 2**20
+    result = run_program(program, allow_code_execution=True, timeout=20)
+    inside = json.loads(result.stdout)
+    assert {key: inside[key] for key in outcomes_keys(options)} == dict.fromkeys(outcomes_keys(options), errno.EPERM)
+    assert inside["send buffer held"] < 2**20, "the send buffer grew"
+    assert {key: inside[key] for key in refused} == dict.fromkeys(refused, errno.EAFNOSUPPORT)
+    assert {key: inside[key] for key in allowed} == dict.fromkeys(allowed, 0)
+
+
+FORCED_BUFFERS = r"""
+import ctypes, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if len(sys.argv) > 1:  # install the sandbox's filter on this process alone, as bwrap does
+    program = open(sys.argv[1], "rb").read()
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)), 0, 0) == 0  # SECCOMP_MODE_FILTER
+one, _ = socket.socketpair()
+for option in (32, 33):  # SO_SNDBUFFORCE, SO_RCVBUFFORCE: past net.core.wmem_max / rmem_max, with CAP_NET_ADMIN
+    try:
+        one.setsockopt(socket.SOL_SOCKET, option, 2**20)
+        print(option, "set")
+    except OSError as error:
+        print(option, error.errno)
+"""
+
+
+@needs_root
+def test_the_filter_alone_refuses_the_forced_buffer_options(tmp_path):
+    """In the sandbox the kernel refuses SO_SNDBUFFORCE / SO_RCVBUFFORCE anyway (no CAP_NET_ADMIN); the filter
+    refuses them too, should a capability ever be left: installed on a plain root process, where they work."""
+    path = tmp_path / "filter.bpf"
+    path.write_bytes(sandbox._sandbox().seccomp_filter)
+    command = [sys.executable, "-I", "-c", FORCED_BUFFERS]
+    assert subprocess.run(command, capture_output=True, text=True).stdout.split() == ["32", "set", "33", "set"]
+    filtered = subprocess.run([*command, str(path)], capture_output=True, text=True)
+    assert filtered.stdout.split() == ["32", str(errno.EPERM), "33", str(errno.EPERM)], filtered.stderr
+
+
+def outcomes_keys(options):
+    return [key for option in options for key in (option, option + ", high bits")]
+
+
+def test_disable_userns_alone_refuses_a_nested_user_namespace(monkeypatch):
+    """Defence in depth: with a seccomp filter that allows every call (memfd_create, which the real filter refuses,
+    succeeds: the filter is gone), bwrap's --disable-userns still keeps the program from creating a user namespace
+    (which works unsandboxed: test_no_nested_user_namespace)."""
+    builder = "import seccomp, sys\nseccomp.SyscallFilter(defaction=seccomp.ALLOW).export_bpf(sys.stdout)"
+    allow_all = subprocess.run(["/usr/bin/python3", "-I", "-c", builder], capture_output=True, check=True).stdout
+    permissive = dataclasses.replace(sandbox._sandbox(), seccomp_filter=allow_all)
+    monkeypatch.setattr(sandbox, "_sandbox", lambda: permissive)
+    program = textwrap.dedent(
+        """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("memfd_create", libc.memfd_create(b"probe", 0) >= 0, flush=True)
+        print("unshare", libc.unshare(0x10000000) == 0, flush=True)  # CLONE_NEWUSER
+        """
+    )
+    result = run_program(program, allow_code_execution=True)
+    assert result.stdout.split() == ["memfd_create", "True", "unshare", "False"], result
 
 
 def test_no_nested_user_namespace():
@@ -281,14 +418,16 @@ print([result.passed for result in results])
 """
 
 
-@pytest.mark.parametrize("caller", ["root", "non-root"])
+@pytest.mark.parametrize(
+    "caller", ["this user", pytest.param("another user", marks=pytest.mark.skipif(not ROOT, reason="needs root"))]
+)
 def test_concurrent_runs_each_have_their_own_process_limit(caller):
     """Two runs at once each start all the processes their limit allows (before, for a non-root caller, both drew
-    on the caller's one RLIMIT_NPROC); one more than the limit fails. The non-root caller runs sandbox.py under
+    on the caller's one RLIMIT_NPROC); one more than the limit fails. As another user, sandbox.py runs under
     Debian's Python as an unused uid (this package's interpreter may not be readable to it)."""
     processes = 8
     program = PROCESS_LIMIT_RUNS.format(path=sandbox.__file__, forks=processes - 1, processes=processes)
-    if caller == "root":
+    if caller == "this user":
         command, user = [sys.executable, "-I", "-c", program], {}
     else:
         command, user = ["/usr/bin/python3", "-I", "-c", program], {"user": 60999, "group": 60999, "extra_groups": []}

@@ -10,7 +10,9 @@ and libseccomp is what Flatpak, systemd and container runtimes build their filte
 boundary of its own: it builds bwrap's command line, runs it and reads what came back.
 
 Each program runs as follows (every property has an escape test in tests/evaluation/test_sandbox.py and
-tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandboxed):
+tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandboxed and its effect observed from the
+host: canaries planted before the run, the sandboxed process's state read from the host's /proc;
+tests/evaluation/sandbox_mutants.py checks that each weakening of this module fails one of them):
 
 * **Opt-in.** Nothing runs unless the caller passes `allow_code_execution=True` or the environment has
   `HF_ALLOW_CODE_EVAL=1` (the variable Hugging Face's `code_eval` uses); otherwise `CodeExecutionNotAllowed`.
@@ -20,18 +22,25 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
 * **Nothing of the host.** New mount, user, PID, network, IPC, UTS and cgroup namespaces. The file system is
   `/usr` (read-only: the Python runtime and its standard library), a fresh `/proc` of its own PID namespace, a
   minimal read-only `/dev` (null, zero, full, random, urandom, tty and a private pts; no device of the host), the
-  program (read-only) and two empty size-capped tmpfs: the working directory `/work` (`WORK_DIR_BYTES`) and
-  `/dev/shm` (`SHM_BYTES`, for multiprocessing's semaphores). `/` itself is read-only. No home, no repository, no
-  `/etc`, no `/tmp`, no host sockets or FIFOs, no network interface but its own loopback.
-* **No kernel attack surface beyond plain processes and files.** User namespaces are disabled inside
-  (`--disable-userns`: creating one fails), and a seccomp filter (`DENIED_SYSCALLS`) refuses with EPERM io_uring,
-  the kernel keyrings, ptrace and cross-process memory access, bpf, perf_event_open, userfaultfd, every namespace
-  and mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file handles,
+  program (read-only) and two empty size-capped tmpfs: the working directory `/work` (`WORK_DIR_BYTES`, 64 MiB)
+  and `/dev/shm` (`SHM_BYTES`, 16 MiB, for multiprocessing's semaphores). `/` itself is read-only. No home, no
+  repository, no `/etc`, no `/tmp`, no host sockets (at a path or abstract), FIFOs, SysV IPC objects or processes,
+  no network interface but its own loopback.
+* **No kernel attack surface beyond plain processes, files and sockets.** User namespaces are disabled inside
+  (`--disable-userns`: creating one fails, with or without the filter), and a seccomp filter (`DENIED_SYSCALLS`)
+  refuses with EPERM io_uring and AIO contexts (`io_setup`, which draw on the host-wide `fs.aio-max-nr`), the
+  kernel keyrings, ptrace and cross-process memory access, bpf, perf_event_open, userfaultfd, every namespace and
+  mount call (old and new mount API), kexec, module loading, swap, reboot, accounting and syslog, file handles,
   fanotify, and the memory that is neither address space nor a capped tmpfs (memfd, SysV shared memory and message
-  queues, POSIX message queues, pipe buffers grown with `F_SETPIPE_SZ`); `clone` with a namespace flag is refused,
-  and `clone3` (whose flags a filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak
-  does. Other architectures' system-call numbers (i386, x32) kill the process (libseccomp's default for a foreign
-  architecture).
+  queues, POSIX message queues, pipe buffers grown with `F_SETPIPE_SZ`, socket buffers grown with `setsockopt`
+  `SO_SNDBUF`, `SO_RCVBUF`, `SO_SNDBUFFORCE` or `SO_RCVBUFFORCE`); `clone` with a namespace flag is refused, and
+  `clone3` (whose flags a filter cannot read) answers ENOSYS so the C library falls back to `clone`, as Flatpak
+  does. `socket` and `socketpair` answer EAFNOSUPPORT for every family but AF_UNIX, AF_INET, AF_INET6 and netlink's
+  NETLINK_ROUTE (no AF_VSOCK, AF_PACKET, AF_ALG, audit or uevent netlink, ...; NETLINK_ROUTE stays because the C
+  library's `if_nameindex`, `getifaddrs` and `getaddrinfo(AI_ADDRCONFIG)` read the network namespace's own
+  interfaces through it). An `int` argument is compared on its low 32 bits, as the kernel reads it, so a value with
+  its high bits set cannot slip past a rule. Other architectures' system-call numbers (i386, x32) kill the process
+  (libseccomp's default for a foreign architecture).
 * **Killed as a whole.** The program is a child of bwrap's init in its own PID namespace: when the run ends
   (exit, time-out, or the caller's death: `--die-with-parent`) the namespace goes and every process in it.
 * **Limits** (`prlimit`, applied inside the sandbox, after its user namespace exists): wall time (killed), CPU
@@ -41,9 +50,11 @@ tests/evaluation/test_sandbox_kernel.py, each attack first shown to work unsandb
   runs go on at once. Each task gets `memory_limit_mb / max_processes` of address space, so everything the run
   forks holds at most `memory_limit_mb` of memory together; with the two tmpfs caps, a run holds at most
   `memory_limit_mb` + `WORK_DIR_BYTES` + `SHM_BYTES` of host memory, plus what the kernel keeps for it that no
-  rlimit counts (page tables, and the buffers of its at most `OPEN_FILES_LIMIT` pipes and sockets per process at
-  the kernel's default sizes, which it cannot grow: `F_SETPIPE_SZ` is refused; measured, 30 full pipes hold 2 MiB,
-  30 full socket pairs 6 MiB) and bubblewrap's own two small processes.
+  rlimit counts: page tables, bubblewrap's own two small processes, and the buffers of its at most
+  `OPEN_FILES_LIMIT` pipes and sockets per process at the kernel's default sizes, which it cannot grow (measured,
+  30 full pipes hold 2 MiB, 30 full unix socket pairs 6 MiB). Not bounded further: TCP over the run's own loopback,
+  whose buffers the kernel autotunes without `setsockopt` (measured, 3.7 MiB queued on one unread connection, so
+  about 115 MiB for a process that fills its 64 open files with such connections).
 * **Cleanup cannot fail because of the program**: all it can write is its tmpfs, which vanishes with its mount
   namespace; the host side is a temporary folder holding only the inputs and the three output files.
 
@@ -131,6 +142,7 @@ DENIED_SYSCALLS = (
     "reboot", "swapon", "swapoff", "acct", "quotactl", "syslog", "uselib", "lookup_dcookie",
     "name_to_handle_at", "open_by_handle_at", "fanotify_init",
     "memfd_create", "memfd_secret", "shmget", "msgget", "mq_open",  # memory outside the address space and tmpfs
+    "io_setup",  # AIO contexts: they draw on the host-wide aio-max-nr
 )  # fmt: skip
 UNAVAILABLE_SYSCALLS = ("clone3",)  # ENOSYS: the C library falls back to clone, whose flags the filter reads
 NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM); CLONE_NEWTIME exists for clone3 only
@@ -138,6 +150,15 @@ NAMESPACE_CLONE_FLAGS = {  # clone() with any of these is refused (EPERM); CLONE
     "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000,
 }  # fmt: skip
 F_SETPIPE_SZ = 1031  # fcntl() growing a pipe's buffer (64 KiB) up to 1 MiB of kernel memory is refused (EPERM)
+# setsockopt(SOL_SOCKET, ...) of these is refused (EPERM): a socket's buffers stay at the kernel's default size
+# instead of growing to net.core.wmem_max / rmem_max (x2) each. Linux's generic numbers (x86-64, arm64, riscv, ...);
+# the filter is not built where the machine's differ.
+SOCKET_BUFFER_OPTIONS = {"SO_SNDBUF": 7, "SO_RCVBUF": 8, "SO_SNDBUFFORCE": 32, "SO_RCVBUFFORCE": 33}
+# socket() and socketpair() of any other family answer EAFNOSUPPORT (what a kernel without that family says);
+# AF_NETLINK only for NETLINK_ROUTE (protocol 0: the C library's if_nameindex, getifaddrs and getaddrinfo's
+# AI_ADDRCONFIG read the network namespace's own interfaces through it).
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+AF_NETLINK, NETLINK_ROUTE = 16, 0
 
 INSTALL_HINT = (
     "install bubblewrap >= 0.8 and libseccomp's Python bindings (`apt-get install bubblewrap python3-seccomp` on "
@@ -154,20 +175,37 @@ OPT_IN_MESSAGE = (
 
 # Exports the seccomp filter as BPF on stdout; run by the sandbox's Python (/usr/bin/python3), which has Debian's
 # python3-seccomp (the package's own interpreter may not). Argument: JSON [denied, unavailable, clone flags,
-# F_SETPIPE_SZ].
+# F_SETPIPE_SZ, socket buffer options, socket families, [AF_NETLINK, NETLINK_ROUTE]]. An `int` argument is compared
+# on its low 32 bits (MASKED_EQ with INT), as the kernel reads it: a value with high bits set cannot slip past.
 _FILTER_BUILDER = """\
-import errno, json, os, sys
+import errno, json, os, socket, sys
 import seccomp
-denied, unavailable, clone_flags, set_pipe_size = json.loads(sys.argv[1])
+denied, unavailable, clone_flags, set_pipe_size, buffer_options, families, netlink = json.loads(sys.argv[1])
+if (socket.SOL_SOCKET, socket.SO_SNDBUF, socket.SO_RCVBUF) != (1, 7, 8):
+    sys.exit("this machine's socket option numbers are not Linux's generic ones")
+INT, EPERM, REFUSED_FAMILY = 0xFFFFFFFF, seccomp.ERRNO(errno.EPERM), seccomp.ERRNO(errno.EAFNOSUPPORT)
 rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
 for name in denied:
-    rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    rules.add_rule(EPERM, name)
 for name in unavailable:
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), name)
 flags_argument = 1 if os.uname().machine.startswith("s390") else 0  # clone(stack, flags) there
 for flag in clone_flags:
-    rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(flags_argument, seccomp.MASKED_EQ, flag, flag))
-rules.add_rule(seccomp.ERRNO(errno.EPERM), "fcntl", seccomp.Arg(1, seccomp.EQ, set_pipe_size))
+    rules.add_rule(EPERM, "clone", seccomp.Arg(flags_argument, seccomp.MASKED_EQ, flag, flag))
+rules.add_rule(EPERM, "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, INT, set_pipe_size))
+for option in buffer_options:
+    level = seccomp.Arg(1, seccomp.MASKED_EQ, INT, socket.SOL_SOCKET)
+    rules.add_rule(EPERM, "setsockopt", level, seccomp.Arg(2, seccomp.MASKED_EQ, INT, option))
+family_netlink, protocol_route = netlink
+top = max([*families, family_netlink])
+for call in ("socket", "socketpair"):
+    for family in range(top + 1):
+        if family == family_netlink:  # any protocol but NETLINK_ROUTE (compared on all 64 bits: stricter)
+            family_arg = seccomp.Arg(0, seccomp.MASKED_EQ, INT, family)
+            rules.add_rule(REFUSED_FAMILY, call, family_arg, seccomp.Arg(2, seccomp.NE, protocol_route))
+        elif family not in families:
+            rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.MASKED_EQ, INT, family))
+    rules.add_rule(REFUSED_FAMILY, call, seccomp.Arg(0, seccomp.GT, top))  # high bits set included
 rules.export_bpf(sys.stdout)
 """
 
@@ -190,6 +228,10 @@ class ExecutionResult:
     status: str  # "passed", "failed" or "timed out"
     detail: str  # why it failed, in the judge's (or the host's) words; the program's own words only quoted
     seconds: float
+    # The last 4 KiB of what reached the program's stdout and stderr files (what Python still buffers is lost when
+    # the runner leaves with os._exit after the tests).
+    stdout: str = ""
+    stderr: str = ""
 
 
 def code_execution_allowed(allow_code_execution: bool | None = None) -> bool:
@@ -295,6 +337,7 @@ class _Outcome:
     verdict: tuple[bool, str] | None  # the judge's record of this run (passed, detail), if it left a valid one
     stderr: str  # its tail (for a sandbox that cannot start; never a verdict)
     seconds: float
+    stdout: str = ""  # its tail
 
 
 def _execute(
@@ -360,7 +403,7 @@ def _execute(
             returncode = process.wait()
         seconds = time.perf_counter() - start
         verdict = _read_verdict(evidence_path, nonce)
-        return _Outcome(returncode, timed_out, verdict, _tail(stderr_path), seconds)
+        return _Outcome(returncode, timed_out, verdict, _tail(stderr_path), seconds, _tail(stdout_path))
 
 
 def _read_verdict(path: Path, nonce: str) -> tuple[bool, str] | None:
@@ -380,7 +423,9 @@ def _read_verdict(path: Path, nonce: str) -> tuple[bool, str] | None:
 
 def _seccomp_filter(python: str) -> bytes:
     """The filter as BPF, exported by libseccomp's Python bindings under the sandbox's interpreter."""
-    spec = json.dumps([DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values()), F_SETPIPE_SZ])
+    spec = [DENIED_SYSCALLS, UNAVAILABLE_SYSCALLS, sorted(NAMESPACE_CLONE_FLAGS.values()), F_SETPIPE_SZ]
+    spec += [sorted(SOCKET_BUFFER_OPTIONS.values()), sorted(SOCKET_FAMILIES.values()), [AF_NETLINK, NETLINK_ROUTE]]
+    spec = json.dumps(spec)
     try:
         built = subprocess.run([python, "-I", "-c", _FILTER_BUILDER, spec], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -462,7 +507,9 @@ def isolation_report() -> dict:
         "tool": sandbox.version,
         "namespaces": ["user", "mount", "pid", "network", "ipc", "uts", "cgroup"],
         "nested_user_namespaces": "disabled",
-        "seccomp": f"libseccomp filter: {len(DENIED_SYSCALLS)} system calls refused, clone with namespace flags",
+        "seccomp": f"libseccomp filter: {len(DENIED_SYSCALLS)} system calls refused, clone with namespace flags, "
+        "pipe and socket buffers grown",
+        "sockets": "AF_UNIX, AF_INET, AF_INET6 and netlink's NETLINK_ROUTE only, on the run's own loopback",
         "host_uid": f"{SANDBOX_UID_BASE}+ (one per run)" if os.geteuid() == 0 else str(os.geteuid()),
         "uid_inside": SANDBOX_INNER_UID,
         "capabilities": "none",
@@ -517,11 +564,12 @@ def run_program(
         memory_bytes=memory_limit_mb * 2**20 // max_processes,
         processes=max_processes + 2,  # + bwrap's init and the judge, the same uid in the same user namespace
     )
+    output = {"stdout": outcome.stdout, "stderr": outcome.stderr}
     if outcome.timed_out:
-        return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", outcome.seconds)
+        return ExecutionResult(False, "timed out", f"killed after {timeout:g} s", outcome.seconds, **output)
     if outcome.returncode == 0 and outcome.verdict is not None and outcome.verdict[0]:
-        return ExecutionResult(True, "passed", "", outcome.seconds)
-    return ExecutionResult(False, "failed", _failure_detail(outcome), outcome.seconds)
+        return ExecutionResult(True, "passed", "", outcome.seconds, **output)
+    return ExecutionResult(False, "failed", _failure_detail(outcome), outcome.seconds, **output)
 
 
 def run_programs(
