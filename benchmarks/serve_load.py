@@ -4,11 +4,12 @@ The real command runs in a subprocess on 127.0.0.1 (`serve_concurrency.start_ser
 `--max-model-len`, an `--api-key`). First this process loads the same model (`load_model_and_tokenizer`) and
 computes `generate()`'s greedy answer to each question (synthetic test questions through the tokenizer's chat
 template, `--max-tokens` new tokens). Then, all at once on one asyncio loop: `--clients` well-behaved clients
-(`openai.AsyncOpenAI`, greedy chat requests, every other one streamed) and `--abusive-clients` abusive ones (raw
+(`openai.AsyncOpenAI`, greedy chat requests, half of them streamed) and `--abusive-clients` abusive ones (raw
 `httpx2`, the HTTP client `openai` uses, and `AsyncOpenAI` for the streams they leave), kept interleaved with the
-well-behaved ones over the whole run: streams left after their first chunk, prompts past `--max-model-len` (alone,
-or with `max_tokens`), chat templates sent in `chat_template_kwargs` (a template bomb, `tokenize: false`),
-wrong-type bodies, and wrong or missing API keys. Meanwhile a thread GETs `/health` every 50 ms (its own
+well-behaved ones over the whole run: streams left after their first chunk (`max_tokens` half the
+`--max-model-len`), prompts past `--max-model-len` (alone, or with `max_tokens`), chat templates sent in
+`chat_template_kwargs` (a template bomb, `tokenize: false`), wrong-type bodies (eight kinds, one of them not
+JSON), and wrong or missing API keys. Meanwhile a thread GETs `/health` every 50 ms (its own
 `httpx2.Client`) and records the latency. `--requests` in all (about `--abusive-share` of them abusive), the whole
 load within `--time-limit` seconds; the server is stopped at the end whatever happens.
 
@@ -81,13 +82,16 @@ def reference_answers(model_path: str, dtype: str, questions: list[str], max_tok
     return answers
 
 
-def resident_mb(pid: int) -> float:
-    """VmRSS of process `pid`, in MB (from /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+def resident_mb(pid: int) -> float | None:
+    """VmRSS of process `pid`, in MB (from /proc/PID/status); None once the process has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        pass
+    return None  # gone, or a zombie (no VmRSS)
 
 
 def percentile(values: list[float], share: float) -> float | None:
@@ -127,6 +131,7 @@ class Load:
         self.max_tokens, self.max_model_len, self.server_pid = max_tokens, max_model_len, server_pid
         self.statuses = collections.defaultdict(collections.Counter)  # kind -> status (or error name) -> count
         self.answers = []  # (question index, text) of each well-behaved request
+        self.latencies = []  # seconds, each well-behaved request that was answered
         self.failures = []  # the first few requests that did not get what they should, described
         self.done = 0
         self.rss_after_first_mb = None
@@ -147,6 +152,7 @@ class Load:
 
     async def well_behaved(self, client, index: int, stream: bool) -> None:
         request = self.chat(index, max_tokens=self.max_tokens, temperature=0)
+        start = time.perf_counter()
         try:
             if stream:
                 pieces = []
@@ -161,14 +167,15 @@ class Load:
         except openai.APIError as error:
             return self.record("well_behaved", type(error).__name__, str(error))
         self.answers.append((index, text))
+        self.latencies.append(time.perf_counter() - start)
         self.record("well_behaved", 200)
 
     async def abuse(self, client, http, kind: str, turn: int) -> None:
         index = turn % len(self.questions)
         headers = {"Authorization": f"Bearer {self.key}"}
         if kind == "disconnect_mid_stream":  # read the first chunk, then leave
-            try:
-                request = self.chat(index, max_tokens=self.max_tokens)
+            try:  # a budget its decoding would take a while to spend, if it went on
+                request = self.chat(index, max_tokens=self.max_model_len // 2)
                 stream = await client.chat.completions.create(stream=True, **request)
                 async for _chunk in stream:
                     break
@@ -178,6 +185,8 @@ class Load:
                 return self.record(kind, 200)
             except openai.APIStatusError as error:
                 return self.record(kind, error.status_code, str(error.body))
+            except openai.APIError as error:
+                return self.record(kind, type(error).__name__, str(error))
         if kind == "prompt_past_limit":
             long_prompt = "apples " * 2 * self.max_model_len
             bodies = [
@@ -304,7 +313,7 @@ def evaluate(results: dict) -> dict:
         "each_request_got_its_expected_status": expected,
         "health_p99_under_100ms": health["p99_s"] is not None and health["p99_s"] < HEALTH_P99_LIMIT_S,
         "health_never_failed": health["failures"] == 0,
-        "rss_growth_within_50mb": rss["after_first"] is not None
+        "rss_growth_within_50mb": None not in (rss["after_first"], rss["after_all"])
         and abs(rss["after_all"] - rss["after_first"]) <= RSS_GROWTH_LIMIT_MB,
         "nothing_left_running": after.get("running") == 0 and after.get("waiting") == 0,
         "finished_within_time_limit": results["finished_within_time_limit"],
@@ -377,10 +386,13 @@ def main() -> int:
         prober.stopping.set()
         prober.join(timeout=30)
         deadline = time.monotonic() + 10  # a left stream's decoding ends within a forward pass
-        while (gauges := server_gauges(url)).get("running") or gauges.get("waiting"):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        try:
+            while (gauges := server_gauges(url)).get("running") or gauges.get("waiting"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        except httpx2.HTTPError as error:
+            gauges = {"error": f"{type(error).__name__}: {error}"}
         results["server_metrics_after"] = gauges
     finally:
         prober.stopping.set()
@@ -392,6 +404,11 @@ def main() -> int:
             process.wait(timeout=60)
     results["server_exit_status"] = process.returncode
     results["well_behaved_answers"] = compare(load.answers, references)
+    results["well_behaved_latency"] = {
+        "p50_s": percentile(load.latencies, 0.5),
+        "p99_s": percentile(load.latencies, 0.99),
+        "max_s": max(load.latencies, default=None),
+    }
     results["statuses"] = {kind: dict(counts) for kind, counts in load.statuses.items()}
     results["unexpected"] = load.failures
     results["health"] = {
@@ -403,10 +420,10 @@ def main() -> int:
         "max_s": max(prober.latencies, default=None),
     }
     results["server_rss_mb"] = {
-        "idle": round(rss_idle, 1),
-        "after_first": None if load.rss_after_first_mb is None else round(load.rss_after_first_mb, 1),
+        "idle": rss_idle and round(rss_idle, 1),
+        "after_first": load.rss_after_first_mb and round(load.rss_after_first_mb, 1),
         "after_first_requests": args.rss_after,
-        "after_all": round(rss_after_all, 1),
+        "after_all": rss_after_all and round(rss_after_all, 1),
     }
     results["server_stderr_tail"] = [line.rstrip() for line in errors][-10:]
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
