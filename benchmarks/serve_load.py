@@ -227,11 +227,13 @@ class Load:
     async def run(self, kinds: list[str], clients: int, abusive_clients: int) -> None:
         good = asyncio.Queue()
         bad = asyncio.Queue()
+        turns = collections.Counter()  # each abuse's variants in turn
         for position, kind in enumerate(kinds):
             if kind == "well_behaved":
                 good.put_nowait(position)
             else:
-                bad.put_nowait((kind, position))
+                bad.put_nowait((kind, turns[kind]))
+                turns[kind] += 1
         self.good_total, self.abusive_total = good.qsize(), bad.qsize()
         limits = httpx2.Limits(max_connections=clients + abusive_clients)
         options = dict(base_url=f"{self.url}/v1", api_key=self.key, timeout=REQUEST_TIMEOUT_S, max_retries=0)
@@ -250,8 +252,8 @@ class Load:
 
             async def abusive_client():
                 while not bad.empty():
-                    kind, position = bad.get_nowait()
-                    await self.abuse(client, http, kind, position // len(EXPECTED))
+                    kind, turn = bad.get_nowait()
+                    await self.abuse(client, http, kind, turn)
                     async with self.progress:  # keep pace with the well-behaved clients over the whole run
                         self.abusive_done += 1
                         await self.progress.wait_for(
