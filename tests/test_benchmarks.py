@@ -190,3 +190,44 @@ def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
     for row in rows:
         assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
         assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)
+
+
+def test_serve_load_runs_a_small_load_and_its_checks_can_fail(tmp_path):
+    """The serving load test at a tiny size (40 requests, half abusive: every kind of abuse): it starts and stops
+    `refusion serve`, every check passes and the JSON has what the README quotes; then its checks, fed an altered
+    reference answer, a 5xx, a slow /health, a grown memory or a wrong status, each fail."""
+    out = tmp_path / "serve_load.json"
+    command = [sys.executable, "serve_load.py", "--requests", "40", "--clients", "4", "--abusive-clients", "2",
+               "--questions", "4", "--max-tokens", "8", "--rss-after", "10", "--time-limit", "120",
+               "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["passed"] and all(results["checks"].values()) and results["server_exit_status"] == 0
+    serve_load = _import_benchmark("serve_load")
+    assert set(results["statuses"]) == {"well_behaved", *serve_load.EXPECTED}
+    assert results["well_behaved_answers"]["count"] == results["requests_by_kind"]["well_behaved"] == 20
+    assert results["statuses"]["wrong_key"] == {"401": 4} and results["statuses"]["template_bomb"] == {"400": 4}
+    assert results["health"]["probes"] > 0 and results["server_rss_mb"]["after_first"] > 0
+
+    def failed(change) -> set[str]:
+        altered = json.loads(out.read_text())
+        change(altered)
+        return {name for name, passed in serve_load.evaluate(altered).items() if not passed}
+
+    answers = [(0, "an answer"), (1, "another")]
+
+    def mismatch(r):
+        r["well_behaved_answers"] = serve_load.compare(answers, ["an answer", "altered"])
+        r["requests_by_kind"]["well_behaved"] = 2
+
+    assert failed(mismatch) == {"answers_equal_generate"}
+    assert failed(lambda r: r["statuses"]["well_behaved"].update({"500": 1})) == {
+        "no_5xx", "each_request_got_its_expected_status"
+    }  # fmt: skip
+    assert failed(lambda r: r["server_metrics_after"].update({"5xx": 1})) == {"no_5xx"}
+    assert failed(lambda r: r["statuses"]["wrong_key"].update({"200": 1})) == {"each_request_got_its_expected_status"}
+    assert failed(lambda r: r["health"].update(p99_s=0.1)) == {"health_p99_under_100ms"}
+    grown = results["server_rss_mb"]["after_first"] + 50.5
+    assert failed(lambda r: r["server_rss_mb"].update(after_all=grown)) == {"rss_growth_within_50mb"}
+    assert failed(lambda r: r["server_metrics_after"].update(running=1)) == {"nothing_left_running"}
