@@ -1,0 +1,210 @@
+"""Long prompts: peak memory and time of ReFusion decoding against stock `generate()` on the same weights (issue 38).
+
+A Qwen3-shaped model with random weights (memory and time do not depend on them) and a context of 40,960 positions
+(the official checkpoint's): hidden 128, 2 layers, 2 query heads and 1 key/value head of 64, MLP 384, a 2,048-token
+vocabulary. For every prompt length, batch size and dtype, each way runs in a fresh process (so the peak is the
+call's own): the model is built, one short call warms it up, then one `generate()` of `--max-new-tokens` is timed.
+
+* `stock`: transformers' `Qwen3ForCausalLM.generate` (greedy; its prefill is sdpa's causal kernel);
+* `refusion`: `RefusionForCausalLM.generate` of this checkout (ReFusion decoding, greedy, `--slot-size`,
+  `--block-size`);
+* `refusion_baseline` (with `--baseline COMMIT`, at the `--baseline-lengths` only): the same from that commit's
+  `src/`, extracted with `git archive` (before issue 38 its masks grew with the square of the prompt).
+
+Per call: the peak resident memory above the memory held just before it (`peak_growth_mib`) and the whole
+process's peak (`peak_rss_mib`), the time to the first committed token (stock: when its stopping criteria are first
+called, once its first token exists; ReFusion: its first commit, which writes the first verified slot, after the
+prompt's prefill and one verification forward) and the total wall time, with the forward passes. With random weights
+ReFusion accepts no draft beyond each round's first token, so its forward count (and so its wall time after the first
+token) is its worst case, not what a trained model does. The ratios refusion / stock are the issue's goals: peak
+growth at most 1.25x and time to the first token at most 1.1x at 16k and 32k. Prompts of one batch have the same
+length (no padding), as stock's causal prefill then needs no mask either. Each process is capped at
+`--memory-cap-gib` of address space, so a way that would need more fails with a MemoryError (reported) instead of
+filling the machine.
+
+    nice -n 0 .venv/bin/python benchmarks/long_context.py --baseline 54d7d0c --out benchmarks/results/long_context.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = dict(
+    vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=64, max_position_embeddings=40960,
+)  # fmt: skip
+WAYS = ("stock", "refusion")
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def measure_one(way: str, length: int, batch_size: int, dtype_name: str, args) -> dict:
+    """Runs in its own process: build the model, warm up, then one timed `generate()`."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, dtype_name)
+    vocab = SHAPE["vocab_size"]
+    special = dict(mask_token_id=vocab - 1, eos_token_id=vocab - 2, pad_token_id=vocab - 2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    if way == "stock":
+        model = Qwen3ForCausalLM(Qwen3Config(**SHAPE, **special))
+        knobs = {}
+    else:
+        from refusion_hf import RefusionConfig, RefusionForCausalLM
+
+        model = RefusionForCausalLM(RefusionConfig(**SHAPE, **special))
+        knobs = dict(slot_size=args.slot_size, block_size=args.block_size)
+    model = model.to(dtype).eval()
+    prompts = torch.randint(0, vocab - 2, (batch_size, length), generator=torch.Generator().manual_seed(1))
+
+    class FirstToken(StoppingCriteria):
+        def __init__(self):
+            self.at = None
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.at = self.at or time.perf_counter()
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    first = FirstToken()
+    if way == "refusion":  # ReFusion commits out of order: its first committed token is its first commit
+        from refusion_hf.generation.sequence_state import SequenceState
+
+        commit = SequenceState.commit
+
+        def timed_commit(self, *arguments, **keywords):
+            first.at = first.at or time.perf_counter()
+            return commit(self, *arguments, **keywords)
+
+        SequenceState.commit = timed_commit
+    model.generate(prompts[:, :16], max_new_tokens=4, do_sample=False, **knobs)  # warm-up: lazy allocations
+    first.at = None
+    criteria = StoppingCriteriaList([] if way == "refusion" else [first])
+    before, peak_before = current_rss_bytes(), peak_rss_bytes()
+    start = time.perf_counter()
+    out = model.generate(
+        prompts, max_new_tokens=args.max_new_tokens, do_sample=False, stopping_criteria=criteria,
+        return_dict_in_generate=True, **knobs,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    peak = peak_rss_bytes()
+    import refusion_hf
+
+    return {
+        "peak_growth_mib": round((max(peak, peak_before) - before) / 2**20, 1),
+        "peak_rss_mib": round(max(peak, peak_before) / 2**20, 1),
+        "seconds_to_first_token": round(first.at - start, 3) if first.at else None,
+        "seconds": round(seconds, 3),
+        "new_tokens": int(out.sequences.shape[1] - length),
+        "forward_passes": getattr(out, "num_forward_passes", None) or int(out.sequences.shape[1] - length),
+        "refusion_hf": str(Path(refusion_hf.__file__).parent),
+    }
+
+
+def run_one(way: str, length: int, batch_size: int, dtype: str, args, src: Path) -> dict:
+    command = [sys.executable, __file__, "--one", way, "--lengths", str(length), "--batch-sizes", str(batch_size),
+               "--dtypes", dtype, "--max-new-tokens", str(args.max_new_tokens), "--slot-size", str(args.slot_size),
+               "--block-size", str(args.block_size), "--threads", str(args.threads),
+               "--memory-cap-gib", str(args.memory_cap_gib)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True)
+    if completed.returncode != 0:
+        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"failed": last[:300]}
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def csv_ints(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",")]
+    if any(value < 1 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: positive integers, comma-separated")
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=csv_ints, default=[1024, 4096, 16384, 32768])
+    parser.add_argument("--batch-sizes", type=csv_ints, default=[1, 4])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--slot-size", type=int, default=8)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--memory-cap-gib", type=float, default=16.0)
+    parser.add_argument("--baseline", help="also run ReFusion decoding of this commit (`git archive`)")
+    parser.add_argument("--baseline-lengths", type=csv_ints, default=[1024, 4096, 16384])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_context.json"))
+    parser.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)  # internal: one measurement in this process
+    args = parser.parse_args()
+    dtypes = args.dtypes.split(",")
+    if any(dtype not in ("float32", "bfloat16", "float16") for dtype in dtypes):
+        parser.error(f"--dtypes: float32, bfloat16 or float16, comma-separated; got {args.dtypes!r}")
+    if args.one:
+        cap = int(args.memory_cap_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+        print(json.dumps(measure_one(args.one, args.lengths[0], args.batch_sizes[0], dtypes[0], args)))
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from generate_ab import extract_baseline, git
+    from results_file import write_results
+
+    head, load_before = git("rev-parse", "--short", "HEAD"), os.getloadavg()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        baseline_src = extract_baseline(args.baseline, Path(folder)) if args.baseline else None
+        for dtype in dtypes:
+            for batch_size in args.batch_sizes:
+                for length in args.lengths:
+                    row = {"dtype": dtype, "batch_size": batch_size, "prompt_length": length}
+                    for way in WAYS:
+                        row[way] = run_one(way, length, batch_size, dtype, args, ROOT / "src")
+                    if baseline_src is not None and length in args.baseline_lengths:
+                        row["refusion_baseline"] = run_one("refusion", length, batch_size, dtype, args, baseline_src)
+                    stock, refusion = row["stock"], row["refusion"]
+                    if "failed" not in stock and "failed" not in refusion:
+                        row["peak_growth_ratio"] = round(refusion["peak_growth_mib"] / stock["peak_growth_mib"], 3)
+                        row["first_token_ratio"] = round(
+                            refusion["seconds_to_first_token"] / stock["seconds_to_first_token"], 3
+                        )
+                        row["wall_time_ratio"] = round(refusion["seconds"] / stock["seconds"], 3)
+                        if length >= 16384:
+                            row["goal_met"] = row["peak_growth_ratio"] <= 1.25 and row["first_token_ratio"] <= 1.1
+                    print(json.dumps(row), file=sys.stderr)
+                    rows.append(row)
+    write_results(
+        {
+            "command": " ".join(sys.argv),
+            "head": head,
+            "shape": SHAPE,
+            "max_new_tokens": args.max_new_tokens,
+            "slot_size": args.slot_size,
+            "block_size": args.block_size,
+            "threads": args.threads,
+            "load_average_before": [round(load, 2) for load in load_before],
+            "load_average_after": [round(load, 2) for load in os.getloadavg()],
+            "goals": "at 16k and 32k: peak_growth_ratio <= 1.25 and first_token_ratio <= 1.1 (refusion / stock)",
+            "rows": rows,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
