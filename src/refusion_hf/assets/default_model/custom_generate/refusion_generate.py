@@ -399,7 +399,7 @@ def decoding_settings(model, config: RefusionGenerationConfig, width: int, longe
     prompt, as in stock generate)."""
     knobs = decoding_knob_values(config)  # every knob the decoder reads, unset ones resolved
     max_new_tokens = config.max_length - width
-    slot_size = knobs["slot_size"] = min(knobs["slot_size"], max(max_new_tokens, 1))  # past the answer: never returned
+    slot_size = knobs["slot_size"]
     canvas_length = -(-max_new_tokens // slot_size) * slot_size
     if longest_prompt + canvas_length > torch.iinfo(torch.long).max:  # positions are int64 tensors
         raise ValueError(
