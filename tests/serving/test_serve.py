@@ -8,19 +8,18 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 import torch
-import uvicorn
 
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 from refusion_hf.serving.app import build_app
 from tests.cli_errors import user_error
 from tests.official_layout import build_marker_folder, build_official_layout, markers
+from tests.serving.servers import running_server
 
 QUESTIONS = [f"Tom has {n} pens. He buys 7 more. How many pens does Tom have now?" for n in (3, 12)]
 WORDS = [" ".join(f"t{8 + (7 * i + j) % 50}" for j in range(3 + i % 4)) for i in range(8)]  # 8 distinct prompts
@@ -31,22 +30,11 @@ TIMEOUT = 120  # seconds, per request
 def serving(model: str, **options):
     """`refusion serve`'s app on a free 127.0.0.1 port in a thread; yields an `openai` client. Stops on exit."""
     app, state = build_app(model, dtype="float32", device="cpu", **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the server did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=TIMEOUT, max_retries=0)
     try:
-        yield client
+        with running_server(app) as (url, _):
+            yield openai.OpenAI(base_url=f"{url}/v1", api_key="-", timeout=TIMEOUT, max_retries=0)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         state.shutdown()
-        assert not thread.is_alive(), "the server did not stop"
 
 
 @pytest.fixture(scope="module")
