@@ -9,6 +9,7 @@ transformers, and it reads the sources without importing them.
 """
 
 import importlib.util
+import logging
 from pathlib import Path
 
 from setuptools import setup
@@ -32,7 +33,7 @@ class BuildPyWithEmbeddedBundle(build_py):
     def run(self):
         super().run()
         written = _remote_code().write_embedded_bundle(SOURCES if self.editable_mode else self.build_lib)
-        self.announce(f"wrote the embedded model's remote code ({len(written)} files)", level=2)
+        self.announce(f"wrote the embedded model's remote code ({len(written)} files)", level=logging.INFO)
 
 
 setup(cmdclass={"build_py": BuildPyWithEmbeddedBundle})
