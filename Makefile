@@ -8,7 +8,7 @@ PROMPT ?= Ann has 12 apples. She buys 5 more. Then she gives away 3. How many ap
 
 .PHONY: install test lint demo embedded-bundle
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml setup.py
 	@# bubblewrap and libseccomp's Python bindings (for Debian's python3): the OS sandbox for generated code and
 	@# its system-call filter (refusion eval --allow-code-execution and its tests)
 	{ command -v bwrap >/dev/null && /usr/bin/python3 -c 'import seccomp' 2>/dev/null; } || \
@@ -18,21 +18,22 @@ $(STAMP): setup.cfg pyproject.toml
 		"code-execution sandbox needs them" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev]"  # setup.py also writes the embedded model's remote code into src/
 	touch $(STAMP)
 
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check setup.py src tests benchmarks
 
-test: lint
+test: lint embedded-bundle
 	$(BIN)/python -m pytest
 
 demo: install
 	$(BIN)/refusion generate "$(PROMPT)" --show-order
 
-# Rewrite the embedded model folder's remote code and custom_generate/ from the current sources (a test checks
-# that they are what save_pretrained writes).
+# Rewrite the embedded model folder's remote code and custom_generate/ in src/ from the current sources: what
+# setup.py's build_py writes at install time (git-ignored), refreshed after a source change (`make test` does it
+# first; a test checks that they are what save_pretrained writes).
 embedded-bundle: install
-	$(BIN)/python -c "from refusion_hf.modeling.loading import default_model_path; from refusion_hf.modeling.remote_code import write_model_bundle; print(write_model_bundle(default_model_path()))"
+	$(BIN)/python -c "from refusion_hf.modeling.remote_code import write_embedded_bundle; print(len(write_embedded_bundle()), 'files')"

@@ -1,19 +1,32 @@
 """The repository seen from outside (issue 28's closing checks): the README is a quick start, modules stay small,
-the embedded model's generated files say where they come from, and the documentation's relative links resolve.
+no generated file is tracked in git, and the documentation's relative links resolve.
 
-They read files only (plus `git check-attr`), so the whole module takes well under a second.
+They read files only (plus `git ls-files` and `git check-ignore`), so the whole module takes well under a second.
 """
 
+import importlib.util
 import re
 import shutil
 import subprocess
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "refusion_hf"
-EMBEDDED_MODEL = PACKAGE / "assets" / "default_model"
+
+
+def _load_remote_code():
+    """modeling/remote_code.py on its own, as setup.py loads it (standard library only: no torch import here)."""
+    spec = importlib.util.spec_from_file_location("_layout_remote_code", PACKAGE / "modeling" / "remote_code.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+remote_code = _load_remote_code()
+EMBEDDED_MODEL = f"src/refusion_hf/{remote_code.EMBEDDED_MODEL_RESOURCE}/"
 
 README_MAX_LINES = 180
 INSTALL_WITHIN_LINES = 40
@@ -38,6 +51,8 @@ GENERATED_HEADER = re.compile(
     r"^# Generated from (?P<source>refusion_hf(?:\.\w+)+) by (?P<generator>refusion_hf(?:\.\w+)+) .*"
     r"`make (?P<target>[\w-]+)`"
 )
+# The first line of every file the package writes from its sources (remote_code's headers)
+GENERATED_MARK = re.compile(r"^# Generated (from|by) refusion_hf\.")
 MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -49,8 +64,19 @@ def _line_count(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def _generated_files():
-    return sorted([*EMBEDDED_MODEL.glob("*.py"), *EMBEDDED_MODEL.glob("custom_generate/*.py")])
+def generated_among(first_lines: dict[str, str]) -> list[str]:
+    """The generated files among `first_lines` (repository path -> the file's first line): a first line saying it
+    was generated from the package's sources, or a path among the embedded model folder's generated files."""
+    def embedded_generated(path: str) -> bool:
+        inside = path.removeprefix(EMBEDDED_MODEL)
+        return inside != path and any(fnmatch(inside, pattern) for pattern in remote_code.EMBEDDED_GENERATED_PATTERNS)
+
+    return sorted(path for path, line in first_lines.items() if GENERATED_MARK.match(line) or embedded_generated(path))
+
+
+def _first_line(path: Path) -> str:
+    with path.open("rb") as file:
+        return file.read(300).decode("utf-8", errors="replace").partition("\n")[0]
 
 
 def _documents():
@@ -141,27 +167,57 @@ def test_core_packages_have_no_size_exception():
     assert not [module for module in OVERSIZED_MODULES if module.split("/")[0] in CORE_PACKAGES]
 
 
-@pytest.mark.parametrize("path", _generated_files(), ids=lambda path: path.relative_to(EMBEDDED_MODEL).as_posix())
-def test_generated_file_names_its_source_and_how_to_regenerate_it(path):
-    """The shipped copies themselves (tests/modeling/test_remote_code.py checks what save_pretrained writes)."""
-    header = GENERATED_HEADER.match(path.read_text().splitlines()[0])
-    assert header, f"{path.name} does not start with a '# Generated from ...' line"
-    for module in (header["source"], header["generator"]):
-        source = ROOT / "src" / Path(*module.split("."))
-        assert source.with_suffix(".py").is_file() or (source / "__init__.py").is_file(), f"{module} does not exist"
+def test_generated_header_names_its_generator_and_make_target():
+    """Every exported file's first line (tests/modeling/test_remote_code.py checks the files save_pretrained writes)
+    names its generator module and a Makefile target that rewrites the embedded model's copy."""
+    header = GENERATED_HEADER.match(remote_code.generated_header("refusion_hf.generation.stages"))
+    assert header, "remote_code.generated_header does not start with a '# Generated from ... by ...' line"
+    assert (ROOT / "src" / Path(*header["generator"].split("."))).with_suffix(".py").is_file()
+    assert GENERATED_MARK.match(remote_code.CUSTOM_GENERATE_REQUIREMENTS)
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
     assert header["target"] == "embedded-bundle" and header["target"] in targets
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
-def test_gitattributes_marks_the_generated_files():
-    files = [path.relative_to(ROOT).as_posix() for path in _generated_files()]
-    assert files
-    report = subprocess.run(
-        ["git", "check-attr", "linguist-generated", "--", *files], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.splitlines()
-    unmarked = [line for line in report if not line.endswith(": true") and not line.endswith(": set")]
-    assert not unmarked
+needs_git = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs git")
+
+
+@needs_git
+def test_no_generated_file_is_tracked():
+    """The build writes the embedded model's remote code and custom_generate/ (setup.py); git holds no copy."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    paths = [path for path in tracked.decode().split("\0") if path and (ROOT / path).is_file()]
+    assert len(paths) > 100
+    generated = generated_among({path: _first_line(ROOT / path) for path in paths})
+    assert not generated, f"generated files tracked in git (git rm --cached them): {generated}"
+
+
+def test_generated_file_check_finds_generated_files():
+    """The checker itself: by the generated header anywhere, by path in the embedded model folder."""
+    first_lines = {
+        "src/refusion_hf/generation/stages.py": '"""Stages."""',
+        f"{EMBEDDED_MODEL}config.json": "{",
+        f"{EMBEDDED_MODEL}chat_template.jinja": "{%- for message in messages %}",
+        f"{EMBEDDED_MODEL}stages.py": "import torch",
+        f"{EMBEDDED_MODEL}custom_generate/requirements.txt": "torch",
+        "docs/copy.py": remote_code.generated_header("refusion_hf.generation.stages"),
+        "tests/notes.txt": "# Generated from my head",
+    }
+    assert generated_among(first_lines) == sorted(
+        ["docs/copy.py", f"{EMBEDDED_MODEL}custom_generate/requirements.txt", f"{EMBEDDED_MODEL}stages.py"]
+    )
+
+
+@needs_git
+def test_gitignore_keeps_the_generated_files_out():
+    def ignored(path: str) -> bool:
+        check = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, capture_output=True)
+        assert check.returncode in (0, 1), check.stderr
+        return check.returncode == 0
+
+    generated = ("modeling_refusion.py", "stages.py", "custom_generate/generate.py", "custom_generate/requirements.txt")
+    data = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
+    assert [path for path in generated if not ignored(EMBEDDED_MODEL + path)] == []
+    assert [path for path in data if ignored(EMBEDDED_MODEL + path)] == []
 
 
 @pytest.mark.parametrize("document", _documents(), ids=lambda path: path.relative_to(ROOT).as_posix())

@@ -97,15 +97,16 @@ def test_bare_environment_loads_and_generates_identically(fixture_path, tmp_path
 
 
 def test_embedded_model_folder_carries_the_current_bundle(tmp_path):
-    """The embedded folder's remote code and custom_generate/ are exactly what save_pretrained writes today
-    (refresh them with `make embedded-bundle`)."""
+    """The embedded folder's remote code and custom_generate/ (git-ignored: the package build writes them, and
+    `make embedded-bundle`, which `make test` runs first, refreshes them) are exactly what save_pretrained writes
+    today. tests/test_build_backend.py loads the folder a wheel installs in a bare environment."""
     from refusion_hf.modeling.loading import default_model_path
 
     embedded = default_model_path()
     RefusionForCausalLM.from_pretrained(embedded).save_pretrained(tmp_path)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.suffix in (".py", ".txt"))
     shipped = sorted(str(p.relative_to(embedded)) for p in embedded.rglob("*") if p.suffix in (".py", ".txt"))
-    assert written == shipped
+    assert written == shipped, "run `make embedded-bundle`: the embedded folder's bundle is missing or has other files"
     stale = [name for name in written if (tmp_path / name).read_text() != (embedded / name).read_text()]
     assert not stale, f"run `make embedded-bundle`: {stale} differ from what save_pretrained writes"
     assert (
@@ -114,21 +115,20 @@ def test_embedded_model_folder_carries_the_current_bundle(tmp_path):
     )
 
 
-def test_embedded_model_loads_anywhere(tmp_path):
-    from refusion_hf.modeling.loading import default_model_path
-
-    embedded = default_model_path()
-    model = RefusionForCausalLM.from_pretrained(embedded, dtype=torch.float32).eval()
-    ids = [[1, 372, 285, 44, 300, 10]]  # token ids of the embedded vocabulary (770 tokens)
-    expected = model.generate(torch.tensor(ids), max_new_tokens=16).tolist()
-    result = run_bare(
-        f"""
-        import json, torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained({str(embedded)!r}, trust_remote_code=True, dtype=torch.float32)
-        assert type(model).__module__.startswith("transformers_modules")
-        print(json.dumps(model.eval().generate(torch.tensor({ids}), max_new_tokens=16).tolist()))
-        """,
-        tmp_path,
-    )
-    assert result == expected
+def test_embedded_bundle_writer_replaces_stale_files_and_refuses_other_folders(tmp_path):
+    """What the build (setup.py) and `make embedded-bundle` run: a module renamed since the last write leaves no
+    copy, and a folder that is not the embedded model's is never touched."""
+    folder = tmp_path / "refusion_hf" / remote_code.EMBEDDED_MODEL_RESOURCE
+    (folder / "custom_generate").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "renamed_module.py").write_text("")
+    (folder / "custom_generate" / "old_helper.py").write_text("")
+    written = remote_code.write_embedded_bundle(tmp_path)
+    reference = tmp_path / "reference"
+    remote_code.write_model_bundle(reference)
+    on_disk = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.name != "config.json")
+    expected = sorted(path.relative_to(reference).as_posix() for path in reference.rglob("*"))
+    assert on_disk == expected and sorted(written) == [name for name in expected if name != "custom_generate"]
+    (tmp_path / "other").mkdir()
+    with pytest.raises(remote_code.RemoteCodeExportError, match="no config.json"):
+        remote_code.write_embedded_bundle(tmp_path / "other")

@@ -13,13 +13,13 @@ import torch
 from transformers import AutoTokenizer
 
 from ..command_inputs import CommandError, check_checkpoint_folder, check_tokenizer_files, first_line
-
-DEFAULT_MODEL_RESOURCE = "assets/default_model"
+from .remote_code import EMBEDDED_MODEL_RESOURCE
 
 
 def default_model_path() -> Path:
-    """The small ReFusion model embedded in the package (what the commands use when no `--model` is given)."""
-    return Path(str(resources.files("refusion_hf").joinpath(DEFAULT_MODEL_RESOURCE)))
+    """The small ReFusion model embedded in the package (what the commands use when no `--model` is given). Its
+    remote code and custom_generate/ are written by the package build (`remote_code.write_embedded_bundle`)."""
+    return Path(str(resources.files("refusion_hf").joinpath(EMBEDDED_MODEL_RESOURCE)))
 
 
 def prompt_ids(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
