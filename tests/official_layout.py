@@ -1,11 +1,12 @@
 """Model folders laid out like the official ReFusion checkpoint on the Hub, built from the tiny fixture checkpoint
 (tests/data/tiny-qwen3-refusion) by our own code (nothing here is copied from the authors' repository).
 
-`build_official_layout(out)` writes what the official repository's config.json and files look like
-(../shared/TRANSFORMERS_NOTES.md, "The official checkpoint"): `model_type: qwen3`, `architectures:
-["Qwen3ForCausalLM"]`, the official `auto_map` pointing at `configuration_qwen3.py` and `modeling_qwen3_refusion.py`
-(remote code written for transformers 4.52: the modeling file imports `transformers.modeling_attn_mask_utils`,
-which transformers 5 no longer has, so loading it fails exactly as the real one does), `use_cache: false`,
+`build_official_layout(out)` writes what the official repository's config.json and files look like (the Hub
+repository `GSAI-ML/ReFusion`, https://huggingface.co/GSAI-ML/ReFusion/tree/main; every fact used is stated here):
+`model_type: qwen3`, `architectures: ["Qwen3ForCausalLM"]`, the official `auto_map` pointing at
+`configuration_qwen3.py` and `modeling_qwen3_refusion.py` (remote code written for transformers 4.52: the modeling
+file imports `transformers.modeling_attn_mask_utils`, which transformers 5 no longer has, so loading it fails
+exactly as the real one does), `use_cache: false`,
 `transformers_version: 4.52.4`, a chat template, and the special tokens at the end of the vocabulary as in Qwen3's
 (`<|endoftext|>`, `<|im_end|>` = eos, `<|beginoftext|>` = bos, `<|mask|>` last).
 

@@ -1,9 +1,12 @@
 """The repository seen from outside (issue 28's closing checks): the README is a quick start, modules stay small,
 no generated file is tracked in git, and the documentation's relative links resolve.
+Issue 40: no import cycle inside src/refusion_hf, and no other library's private name used outside its seam
+(`refusion_hf._compat`, one module per library); each rule is shown to fail on a planted violation.
 
 They read files only (plus `git ls-files` and `git check-ignore`), so the whole module takes well under a second.
 """
 
+import ast
 import importlib.util
 import re
 import shutil
@@ -235,3 +238,278 @@ def test_link_check_finds_a_broken_link(tmp_path):
         "```\n[in a fence](fenced.md)\n```\n\n    [indented](indented.md)\n\n`[inline](inline.md)`\n"
     )
     assert broken_links(document) == ["missing.md", "other.md#nowhere"]
+
+
+# ----------------------------------------------------------------------------------------------- import cycles
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_statements(tree: ast.Module):
+    """The statements run when the module is imported: top level, inside `try` / `if` (not `if TYPE_CHECKING`)."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+        elif isinstance(node, (ast.If, ast.Try)):
+            pending.extend([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])])
+            pending.extend(statement for handler in getattr(node, "handlers", []) for statement in handler.body)
+        else:
+            yield node
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Module-level imports among `sources` ({module name: (source, is a package)}): for each module, the modules
+    of the package it imports when it is imported (`from x import name` also reaches module `x.name`)."""
+    graph = {}
+    for name, (source, is_package) in sources.items():
+        package = name if is_package else name.rpartition(".")[0]
+        edges = set()
+        for node in _top_level_statements(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = ".".join(base[: len(base) - node.level + 1]) if node.level else ""
+                target = ".".join(filter(None, [base, node.module or ""]))
+                edges.add(target)
+                edges.update(f"{target}.{alias.name}" for alias in node.names)
+        graph[name] = {edge for edge in edges if edge in sources and edge != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a list of modules, first repeated last) per strongly connected group of two or more modules."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(node):  # Tarjan
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(_a_cycle_through(graph, sorted(group)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def _a_cycle_through(graph, group: list[str]) -> list[str]:
+    start, members = group[0], set(group)
+    paths = [[start]]
+    while paths:  # breadth first: the shortest way back to start inside the group
+        path = paths.pop(0)
+        for other in sorted(graph[path[-1]] & members):
+            if other == start:
+                return [*path, start]
+            if other not in path:
+                paths.append([*path, other])
+    return group
+
+
+def _package_sources() -> dict[str, tuple[str, bool]]:
+    return {
+        _module_name(path): (path.read_text(), path.name == "__init__.py")
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "assets" not in path.relative_to(PACKAGE).parts
+    }
+
+
+def test_no_import_cycle_inside_the_package():
+    cycles = import_cycles(import_graph(_package_sources()))
+    assert not cycles, "import cycles (module level): " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    sources = {
+        "pkg": ("", True),
+        "pkg.a": ("from .b import x\n", False),
+        "pkg.b": ("from . import c\n", False),
+        "pkg.c": ("import os\ntry:\n    from pkg.a import y\nexcept ImportError:\n    pass\n", False),
+        "pkg.d": ("from .a import z\n\ndef later():\n    from .d import itself\n", False),
+        "pkg.e": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .f import F\n", False),
+        "pkg.f": ("from .e import E\n", False),
+    }
+    assert import_cycles(import_graph(sources)) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+
+
+# ----------------------------------------------------------------------------------------------- private names
+SEAMS = PACKAGE / "_compat"
+# Underscore names the standard library documents as public.
+DOCUMENTED_PUBLIC = {"_exit", "_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in DOCUMENTED_PUBLIC
+
+
+def seam_declared_names(seam_sources: list[str]) -> set[str]:
+    """The library member names the seams declare (`PRIVATE_MEMBERS`: the second item of each entry)."""
+    names = set()
+    for source in seam_sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PRIVATE_MEMBERS" for t in node.targets):
+                names.update(entry.elts[1].value for entry in node.value.elts if isinstance(entry, ast.Tuple))
+    return names
+
+
+def own_private_names(sources: list[str], library_names: set[str]) -> set[str]:
+    """Private names the package defines (functions, classes, assigned names and attributes), minus the library
+    members the seams declare (our overrides of them are still the library's names)."""
+    names = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+    return {name for name in names if _private(name)} - library_names
+
+
+def private_names_outside_seams(source: str, own: set[str]) -> list[str]:
+    """Another library's private names a module of the package uses: `import lib._mod`, `from lib._mod import x`,
+    `from lib import _x`, and `x._name` where x is a name imported from another library, `super()` (except the
+    call-up `super()._name(...)` inside an override `def _name`), or any other expression whose `_name` is not one
+    of `own`. `self._name` / `cls._name` are a subclass's own business: the seams declare the library's."""
+    tree = ast.parse(source)
+    imported = set()  # names bound to another library's modules or objects
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "refusion_hf":
+                    imported.add(alias.asname or alias.name.split(".")[0])
+                if any(_private(part) for part in alias.name.split(".")):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+        elif (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] != "refusion_hf"
+        ):
+            imported.update(alias.asname or alias.name for alias in node.names)
+            private = [alias.name for alias in node.names if _private(alias.name)]
+            if any(_private(part) for part in node.module.split(".")) or private:
+                found.append(f"line {node.lineno}: from {node.module} import {', '.join(a.name for a in node.names)}")
+
+    def visit(node, function: str | None):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+                if function != node.attr:
+                    found.append(f"line {node.lineno}: super().{node.attr} outside an override of it")
+            elif isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                pass
+            elif isinstance(owner, ast.Name) and owner.id in imported:
+                found.append(f"line {node.lineno}: {owner.id}.{node.attr}")
+            elif node.attr not in own:
+                found.append(f"line {node.lineno}: {ast.unparse(owner)}.{node.attr}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def _outside_seams():
+    return [
+        path
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "assets" not in path.relative_to(PACKAGE).parts and SEAMS not in path.parents
+    ]
+
+
+def test_no_private_name_of_another_library_outside_its_seam():
+    library_names = seam_declared_names([path.read_text() for path in sorted(SEAMS.glob("*.py"))])
+    own = own_private_names([path.read_text() for path in _outside_seams()], library_names)
+    found = {
+        path.relative_to(PACKAGE).as_posix(): uses
+        for path in _outside_seams()
+        if (uses := private_names_outside_seams(path.read_text(), own))
+    }
+    assert not found, f"another library's private names outside src/refusion_hf/_compat: {found}"
+
+
+def test_the_private_name_check_finds_planted_uses():
+    source = (
+        "import os\nimport sys\nimport lm_eval._cli\nfrom lm_eval.tasks._yaml_loader import load_yaml\n"
+        "from accelerate import PartialState, _private_helper\nfrom transformers import Trainer\n"
+        "from .ours import Mine\n\n"
+        "class T(Trainer):\n"
+        "    def _save_checkpoint(self, model, trial):\n"
+        "        super()._save_checkpoint(model, trial)\n"  # the call-up: allowed
+        "        super()._get_output_dir(trial)\n"  # not an override of it
+        "        self._signature_columns = []\n"  # self: allowed (declared in the seam)
+        "        Trainer._save_checkpoint(self, model, trial)\n"
+        "        Mine._ours()\n"  # our own private name
+        "        Mine._save_checkpoint()\n"  # a library name, even on our class
+        "        os._exit(0)\n"  # documented public
+        "        return sys._getframe(1), PartialState._shared_state, model.config._attn_implementation\n"
+    )
+    found = private_names_outside_seams(source, own={"_ours"})
+    assert found == [
+        "line 3: import lm_eval._cli",
+        "line 4: from lm_eval.tasks._yaml_loader import load_yaml",
+        "line 5: from accelerate import PartialState, _private_helper",
+        "line 12: super()._get_output_dir outside an override of it",
+        "line 14: Trainer._save_checkpoint",
+        "line 16: Mine._save_checkpoint",
+        "line 18: sys._getframe",
+        "line 18: PartialState._shared_state",
+        "line 18: model.config._attn_implementation",
+    ]
+
+
+def test_own_private_names_leave_out_the_library_names_the_seams_declare():
+    seam = "PRIVATE_MEMBERS = (\n    ('transformers:Trainer', '_save_checkpoint', '(self, model, trial)'),\n)\n"
+    ours = "class T:\n    def _save_checkpoint(self, _unused):\n        self._cache = 1\n_TABLE = {}\n"
+    assert own_private_names([ours], seam_declared_names([seam])) == {"_unused", "_cache", "_TABLE"}
+
+
+def unpinned_seam_libraries(setup_cfg: str, libraries: list[str]) -> list[str]:
+    """Each requirement line of `setup_cfg` naming one of `libraries` (module names: lm_eval is lm-eval) without
+    both a lower (`>=`) and an upper (`<`) bound, or a library that no requirement names."""
+    lines = [line.strip() for line in setup_cfg.splitlines()]
+    problems = []
+    for library in libraries:
+        distribution = library.replace("_", "-")
+        named = [line for line in lines if re.match(rf"{re.escape(distribution)}(\[[\w,]+\])?\s*([<>=!~]|$)", line)]
+        problems += [line for line in named if not (">=" in line and re.search(r"<(?!=)|<=", line))]
+        problems += [] if named else [f"{distribution}: not in setup.cfg"]
+    return problems
+
+
+def test_every_library_with_a_seam_has_a_version_range_in_setup_cfg():
+    libraries = sorted(path.stem for path in SEAMS.glob("*.py") if path.stem != "__init__")
+    assert libraries == ["accelerate", "evaluate", "lm_eval", "transformers"]
+    assert not unpinned_seam_libraries((ROOT / "setup.cfg").read_text(), libraries)
+
+
+def test_the_range_check_finds_an_unpinned_library():
+    cfg = "[x]\na =\n    transformers>=5.24,<6\n    transformers[serving]>=5.24\n    lm-eval\n    evaluate>=0.4\n"
+    assert unpinned_seam_libraries(cfg, ["transformers", "lm_eval", "evaluate", "accelerate"]) == [
+        "transformers[serving]>=5.24",
+        "lm-eval",
+        "evaluate>=0.4",
+        "accelerate: not in setup.cfg",
+    ]

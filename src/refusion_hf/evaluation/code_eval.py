@@ -24,6 +24,7 @@ import contextvars
 import math
 from collections.abc import Iterator, Sequence
 
+from .._compat.evaluate import replacing_load
 from .sandbox import DEFAULT_TIMEOUT, require_opt_in, run_programs
 
 _TIMEOUT: contextvars.ContextVar[float] = contextvars.ContextVar("code_execution_timeout", default=DEFAULT_TIMEOUT)
@@ -101,17 +102,5 @@ class SandboxedCodeEval:
 def sandboxed_code_eval() -> Iterator[None]:
     """Within this block `evaluate.load("code_eval")` returns a `SandboxedCodeEval` (other loads are untouched):
     build lm-eval's code tasks inside it."""
-    import evaluate
-
-    real_load = evaluate.load
-
-    def load(path, *args, **kwargs):
-        if str(path).rstrip("/").split("/")[-1] == "code_eval":
-            return SandboxedCodeEval()
-        return real_load(path, *args, **kwargs)
-
-    evaluate.load = load
-    try:
+    with replacing_load("code_eval", SandboxedCodeEval):
         yield
-    finally:
-        evaluate.load = real_load

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -39,8 +38,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("eval", "lm_eval")
-    from lm_eval._cli import HarnessCLI
-
+    from .._compat.lm_eval import harness_cli
     from . import lm_eval_model  # registers the `refusion` model
     from .code_eval import sandboxed_code_eval
     from .tasks import TASKS_DIR
@@ -49,17 +47,12 @@ def run(args: argparse.Namespace) -> int:
     if argv and argv[0] not in ("ls", "validate"):  # the package's own tasks (refusion_synthetic) are known too
         argv = [*argv, "--include_path", str(TASKS_DIR)] if "--include_path" not in argv else argv
     start = time.time()
-    saved_argv = sys.argv
-    sys.argv = ["lm-eval", *(argv if argv and argv[0] in ("run", "ls", "validate") else ["run", *argv])]
-    try:
-        with sandboxed_code_eval():
-            cli = HarnessCLI()
-            parsed = cli.parse_args()
-            if sys.argv[1] == "run":
-                check_run_arguments(parsed)
-            cli.execute(parsed)
-    finally:
-        sys.argv = saved_argv
+    command = argv if argv and argv[0] in ("run", "ls", "validate") else ["run", *argv]
+    with sandboxed_code_eval(), harness_cli(command) as cli:
+        parsed = cli.parse_args()
+        if command[0] == "run":
+            check_run_arguments(parsed)
+        cli.execute(parsed)
     reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]  # of every launched process together
     main_process = all(model.rank == 0 for model in lm_eval_model.INSTANCES)  # as lm-eval, which writes on rank 0
     lm_eval_model.INSTANCES.clear()

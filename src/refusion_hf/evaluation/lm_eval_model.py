@@ -54,6 +54,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from transformers import GenerationConfig
 
+from .._compat.lm_eval import set_rank, stock_model_generate
 from ..command_inputs import CommandError, first_line
 from ..generation.refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
@@ -169,7 +170,7 @@ class RefusionLM(HFLM):
                 "`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m lm_eval --model refusion "
                 "...`."
             )
-        self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
+        set_rank(self, accelerator.process_index, accelerator.num_processes)
 
     def _get_config(self, pretrained, *, revision="main", trust_remote_code=False, gguf_file=None, subfolder=""):
         """The folder's config as a `RefusionConfig` (an official `model_type: qwen3` config included), without its
@@ -346,7 +347,7 @@ class RefusionLM(HFLM):
     def timed_generate(self, context, max_length, stop, generation_kwargs: dict) -> GenerateRecord:
         """HFLM's generate call (its stopping criteria, pad id, length) with `generation_kwargs`, timed."""
         start = time.perf_counter()
-        output = HFLM._model_generate(
+        output = stock_model_generate(
             self, context, max_length, stop, **generation_kwargs, return_dict_in_generate=True
         )
         seconds = time.perf_counter() - start

@@ -117,7 +117,8 @@ def load_task(
     raises while loading the dataset propagates (e.g. a Hub dataset without a network).
     """
     from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from .._compat.lm_eval import load_task_yaml
 
     # The package's own tasks first: indexing lm-eval's thousands of task files takes seconds.
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=metadata)
@@ -131,7 +132,7 @@ def load_task(
             "(`refusion lm-eval ls tasks` lists them; groups are not supported here, pass one task)."
         )
     with sandboxed_code_eval():
-        config = load_yaml(entry.yaml_path, resolve_func=True)
+        config = load_task_yaml(entry.yaml_path)
         config.pop("group", None), config.pop("tag", None)
         if config.get("output_type", "generate_until") != "generate_until":
             raise ValueError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
+from .._compat.transformers import stock_default_generation_params
 from .refusion_generation_config import NEVER_ID, REFUSION_FIELDS, RefusionGenerationConfig
 
 HONOURED = "honoured"
@@ -73,7 +74,7 @@ ARGUMENT_SUPPORT: dict[str, str] = {
 
 # Neutral values of refused fields besides None: what stock `generate` does when the field is unset.
 _NEUTRAL = {
-    **GenerationConfig._get_default_generation_params(),
+    **stock_default_generation_params(),
     "guidance_scale": 1.0,
     "use_cache": True,
     "cache_implementation": "dynamic",

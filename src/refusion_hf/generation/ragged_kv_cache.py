@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from .._compat.transformers import map_cache_tensors
 from .sequence_state import Kept, Query
 from .split_attention import SplitMask
 from .stage_interface import stack_rows
@@ -150,10 +151,11 @@ class RaggedKVCache:
             self.lengths, self.pending = list(other.lengths), list(other.pending)
             return
         width = max(self.valid.shape[1], other.valid.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            for name in ("keys", "values"):
-                merged = [_pad_entries(getattr(layer, name), width) for layer in (mine, theirs)]
-                setattr(mine, name, torch.cat(merged, dim=0))
+        map_cache_tensors(
+            self.cache,
+            lambda mine, theirs: torch.cat([_pad_entries(mine, width), _pad_entries(theirs, width)]),
+            other.cache,
+        )
         pad_from = (self, other)
         pad = [F.pad(v, (0, width - v.shape[1])) for v in (self.valid, other.valid)]
         if self.tags is not None or other.tags is not None:
@@ -191,11 +193,11 @@ class RaggedKVCache:
         held = self.valid if self.tags is None else self.valid | (self.tags >= 0)
         # Stable sort: each row's entries first, in cache order; [B, fullest]
         order = torch.sort((~held).to(torch.uint8), dim=1, stable=True).indices[:, :fullest]
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)  # [B, H, T, D]
-                index = order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
-                setattr(layer, name, tensor.gather(2, index))
+
+        def gathered(tensor):  # each layer's keys and values: [B, H, T, D]
+            return tensor.gather(2, order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3]))
+
+        map_cache_tensors(self.cache, gathered)
         self.valid = self.valid.gather(1, order)
         self.positions = self.positions.gather(1, order)
         if self.tags is not None:

@@ -6,8 +6,7 @@ contract is stock `GenerationMixin.generate`'s, and transformers does the stock 
 
 * the generation config is merged exactly as stock `generate` merges it (the passed config, then the model's
   for every field left unset, then the defaults, then keyword overrides), and lengths, special tokens, logits
-  processors and stopping criteria are prepared by `GenerationMixin`'s own `_prepare_generated_length`,
-  `_validate_generated_length`, `_prepare_special_tokens`, `_get_logits_processor` and `_get_stopping_criteria`;
+  processors and stopping criteria are prepared by `GenerationMixin`'s own private helpers (`_compat/transformers.py`);
 * `decoding="autoregressive"` (or `custom_generate=`) hands the whole call to stock `GenerationMixin.generate`.
 
 Every stock argument is honoured by ReFusion decoding or refused with a `ValueError` that names it
@@ -26,6 +25,14 @@ import warnings
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from .._compat.transformers import (
+    prepare_generated_length,
+    prepare_special_tokens_and_mask,
+    settled_pad_token_id,
+    stock_logits_processor,
+    stock_stopping_criteria,
+    without_eos_tensor,
+)
 from .batch_scheduler import decode_batch
 from .draft_policy import DraftPolicy
 from .generate_arguments import (
@@ -119,19 +126,14 @@ def _generate(model, inputs, stock_arguments: dict, custom_generate, kwargs: dic
     device = model.device
     input_ids = input_ids.to(device)
     width = input_ids.shape[1]
-    model._prepare_special_tokens(config, attention_mask is not None, device=device, batch_size=input_ids.shape[0])
-    if attention_mask is None:
-        attention_mask = model._prepare_attention_mask_for_generation(input_ids, config, {})
+    attention_mask = prepare_special_tokens_and_mask(model, config, input_ids, attention_mask)
     attention_mask = check_left_padding(input_ids, attention_mask.to(device), config)
-    config = model._prepare_generated_length(
-        config, has_default_max_length, has_default_min_length, "input_ids", width, input_ids
-    )
-    model._validate_generated_length(config, width, has_default_max_length)
+    config = prepare_generated_length(model, config, has_default_max_length, has_default_min_length, input_ids)
 
     # 5. The decoder's settings, drafting under the logits processors, and the stopping criteria.
     prompt_lengths = attention_mask.sum(1).tolist()  # left padding: each row's prompt is its last n tokens
     settings = decoding_settings(model, config, width, max(prompt_lengths))
-    pad_token_id = int(config._pad_token_tensor)
+    pad_token_id = settled_pad_token_id(config)
     repeats = config.num_return_sequences or 1
     if repeats > 1:
         input_ids = input_ids.repeat_interleave(repeats, dim=0)
@@ -192,9 +194,9 @@ def prefix_stopping(model, config, stopping_criteria, tokenizer, input_ids, pad_
     row's final left-to-right prefix; None when there are none. Lengths and EOS are the decoder's own."""
     if isinstance(stopping_criteria, StoppingCriteria):
         stopping_criteria = StoppingCriteriaList([stopping_criteria])
-    criteria_config = copy.copy(config)
-    criteria_config.max_length, criteria_config._eos_token_tensor = None, None  # the decoder ends rows itself
-    criteria = model._get_stopping_criteria(criteria_config, stopping_criteria or StoppingCriteriaList(), tokenizer)
+    criteria_config = without_eos_tensor(copy.copy(config))
+    criteria_config.max_length = None  # the decoder ends rows itself
+    criteria = stock_stopping_criteria(model, criteria_config, stopping_criteria or StoppingCriteriaList(), tokenizer)
     return PrefixStopping(criteria, input_ids, pad_token_id) if len(criteria) else None
 
 
@@ -361,7 +363,7 @@ def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[Ref
         if callers_length_wins(config, kwargs):
             defaults.pop("max_new_tokens", None)
         config.update(**defaults, defaults_only=True, allow_custom_entries=True)
-    config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)
+    config.update(**RefusionGenerationConfig.default_generation_params(), defaults_only=True)
     model_kwargs = config.update(**kwargs)
     # As in stock generate, a keyword given as None overrides with None; a ReFusion knob that None leaves without a
     # value gets its default (block_size None *is* its default: 128 rounded to the slot size).
@@ -433,10 +435,9 @@ def draft_policy(model, config, settings: DecodingSettings, input_ids, attention
         None,
         None,
     )
-    build = dict(input_ids_seq_length=width, encoder_input_ids=input_ids, device=device)
-    constraints = model._get_logits_processor(
+    build = dict(model=model, input_ids_seq_length=width, encoder_input_ids=input_ids, device=device)
+    constraints = stock_logits_processor(
         generation_config=constraint_config,
-        logits_processor=LogitsProcessorList(),
         model_kwargs={"attention_mask": attention_mask},
         **build,
     )
@@ -444,10 +445,8 @@ def draft_policy(model, config, settings: DecodingSettings, input_ids, attention
     if config.do_sample:
         names = ("temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
         warper_config = GenerationConfig(do_sample=True, num_beams=1, **{name: getattr(config, name) for name in names})
-        warper_config._eos_token_tensor = None
-        warpers = model._get_logits_processor(
-            generation_config=warper_config, logits_processor=LogitsProcessorList(), **build
-        )
+        without_eos_tensor(warper_config)
+        warpers = stock_logits_processor(generation_config=warper_config, **build)
     # Offsets past the canvas never occur: the bound keeps the comparison inside int64 (2**63 would wrap).
     min_new_tokens = min(max(0, (config.min_length or 0) - width), settings.canvas_length)
     return DraftPolicy(

@@ -27,6 +27,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
+from .._compat.transformers import original_object_hash, set_original_object_hash, stock_default_generation_params
+
 # Tokens per serial block when `block_size` is unset: inside the 32-128 range the paper reports as robust
 # (appendix C.7), and fixed, so a step's cost does not grow with `max_new_tokens`.
 DEFAULT_BLOCK_SIZE = 128
@@ -260,10 +262,13 @@ class RefusionGenerationConfig(GenerationConfig):
         return cls(**{**preset_settings(name), **overrides})
 
     @staticmethod
-    def _get_default_generation_params() -> dict[str, Any]:
-        defaults = GenerationConfig._get_default_generation_params()
+    def default_generation_params() -> dict[str, Any]:
+        """Stock defaults for unset fields, and the knobs' defaults."""
+        defaults = stock_default_generation_params()
         defaults.update({knob.name: knob.default for knob in KNOBS if knob.default is not None})
         return defaults
+
+    _get_default_generation_params = default_generation_params  # what stock generate merges (_compat/transformers.py)
 
     @classmethod
     def from_generation_config(cls, config: GenerationConfig) -> RefusionGenerationConfig:
@@ -271,7 +276,7 @@ class RefusionGenerationConfig(GenerationConfig):
         if isinstance(config, cls):
             return config
         upcast = cls.from_dict(config.to_dict())
-        upcast._original_object_hash = getattr(config, "_original_object_hash", None)
+        set_original_object_hash(upcast, original_object_hash(config))
         return upcast
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,7 +290,7 @@ class RefusionGenerationConfig(GenerationConfig):
     def from_model_config(cls, model_config) -> RefusionGenerationConfig:
         # The stock implementation compares every field with a plain `GenerationConfig()`, which lacks ours.
         upcast = cls.from_generation_config(GenerationConfig.from_model_config(model_config))
-        upcast._original_object_hash = hash(upcast)
+        set_original_object_hash(upcast, hash(upcast))
         return upcast
 
     def validate(self, strict: bool = False, user_set_attributes: set[str] | None = None):

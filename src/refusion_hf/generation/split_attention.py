@@ -32,6 +32,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
 
+from .._compat.transformers import attn_implementation
+
 SUPPORTED_BACKENDS = ("sdpa", "eager")
 
 
@@ -97,7 +99,7 @@ def split_attention(model):
     with _selected_lock:
         entry = _selected.get(id(config))
         if entry is None:
-            own = config._attn_implementation
+            own = attn_implementation(config)
             if own not in SUPPORTED_BACKENDS:
                 raise ValueError(
                     f"ReFusion decoding runs on the 'sdpa' or 'eager' attention implementation; this model uses "

@@ -14,7 +14,7 @@ The network is exactly transformers' Qwen3 (subclassed, not copied). Four things
   and generates as a plain autoregressive LM.
 * a 4D boolean attention mask is made additive under eager attention (stock eager would add the booleans);
 * `AutoModel` maps `RefusionConfig` to this LM-head class (as the official checkpoint's `auto_map` does), except
-  for the backbone of a transformers Qwen3 task head, which gets the base `Qwen3Model` (`_from_config`).
+  for the backbone of a transformers Qwen3 task head, which gets the base `Qwen3Model` (`_task_head_backbone`).
 
 `save_pretrained` (and so `push_to_hub`) also writes the flat remote-code bundle and `auto_map`, so the saved
 folder loads with `trust_remote_code=True` where this package is not installed, and `custom_generate/`, so a stock
@@ -25,16 +25,15 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
-import sys
-
 import torch
-from transformers import Qwen3ForCausalLM, Qwen3Model
+from transformers import Qwen3ForCausalLM
 from transformers.modeling_layers import (
     GenericForQuestionAnswering,
     GenericForSequenceClassification,
     GenericForTokenClassification,
 )
 
+from .._compat.transformers import attn_implementation
 from ..generation.refusion_generation_config import RefusionGenerationConfig
 from ..generation.refusion_generation_mixin import RefusionGenerationMixin
 from .configuration_refusion import RefusionConfig
@@ -153,7 +152,7 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
             torch.is_tensor(attention_mask)  # stock generation with a static cache passes a dict of masks
             and attention_mask.ndim == 4
             and attention_mask.dtype == torch.bool
-            and self.config._attn_implementation == "eager"
+            and attn_implementation(self.config) == "eager"
         ):
             additive = torch.zeros(attention_mask.shape, dtype=self.dtype, device=attention_mask.device)
             return additive.masked_fill_(~attention_mask, torch.finfo(self.dtype).min)
@@ -167,16 +166,6 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         batch_size, query_length = reference.shape[:2]
         return torch.ones(batch_size, past_length + query_length, dtype=torch.long, device=reference.device)
 
-    @classmethod
-    def _from_config(cls, config, **kwargs):
-        # `AutoModel` maps a `RefusionConfig` to this class, as the official checkpoint's `auto_map` maps
-        # `AutoModel` to its LM head (docs/design.md §1). transformers' Qwen3 task heads (sequence and token
-        # classification, question answering) build their backbone with `AutoModel.from_config(config)`: built on a
-        # `RefusionConfig`, they get the base model, which is what every other config gives them there.
-        if _building_a_task_head():
-            return Qwen3Model._from_config(config, **kwargs)
-        return super()._from_config(config, **kwargs)
-
     def save_pretrained(self, save_directory, *args, **kwargs):
         # The model's own class: FSDP2 (`fully_shard`) swaps in a subclass it defines in a torch module.
         model_class = next(cls for cls in type(self).__mro__ if not cls.__module__.startswith("torch."))
@@ -189,17 +178,24 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
 _TASK_HEADS = (GenericForSequenceClassification, GenericForQuestionAnswering, GenericForTokenClassification)
 
 
-def _building_a_task_head() -> bool:
-    """Whether the `AutoModel.from_config` call that reached `_from_config` comes from a transformers task head's
-    `__init__`: `_from_config` <- `AutoModel.from_config` <- the head's `__init__` (a wrapper may sit between)."""
-    frame = sys._getframe(2)  # `AutoModel.from_config`
-    for _ in range(3):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), _TASK_HEADS):
-            return True
-        frame = frame.f_back
-    return False
+def _task_head_backbone(module, name, submodule):
+    """`AutoModel` maps a `RefusionConfig` to `RefusionForCausalLM`, as the official checkpoint's `auto_map` maps
+    `AutoModel` to its LM head (docs/design.md §1). transformers' Qwen3 task heads (sequence and token
+    classification, question answering) build their backbone with `AutoModel.from_config(config)` and register it
+    as `base_model_prefix`: built on a `RefusionConfig`, they get the LM head's base model instead, which is what
+    every other config gives them there. A torch module-registration hook (`register_module_module_registration_hook`,
+    public) sees that registration without looking at callers; the LM head's own `lm_head` is built and dropped (on
+    the meta device under `from_pretrained`)."""
+    if (
+        isinstance(module, _TASK_HEADS)
+        and isinstance(submodule, RefusionForCausalLM)
+        and name == module.base_model_prefix
+    ):
+        return submodule.model
+    return None
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_task_head_backbone)
 
 
 def _refuse_mdm_weights_in_backbone(module, args, kwargs):

@@ -28,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from transformers.cli.serving.utils import X_REQUEST_ID, CBWorkerDeadError
 
+from .._compat.transformers import request_params_class
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
 from .handlers import (
     OPTIONAL_FIELDS,
@@ -229,7 +230,7 @@ def build_app(
         app.add_api_route(path, NotServed(path).endpoint, methods=["POST"], include_in_schema=False)
 
     describe_request_bodies(
-        app, {"/v1/chat/completions": chat._valid_params_class, "/v1/completions": completion._valid_params_class}
+        app, {"/v1/chat/completions": request_params_class(chat), "/v1/completions": request_params_class(completion)}
     )
 
     @app.get("/v1/models")

@@ -31,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 
+from .._compat.transformers import stock_unused_fields
 from ..generation.refusion_generation_config import sampling_arguments
 from .server import REQUEST_SEED
 
@@ -268,7 +269,7 @@ class RefusionCompletionHandler(RefusionRequests, CompletionHandler):
     """serve's `/v1/completions` handler with `RefusionRequests`. `suffix` is refused too: serve appends it to the
     answer, which is not conditioned on it (OpenAI's meaning: the text that follows the completion)."""
 
-    _unused_fields = CompletionHandler._unused_fields | {"suffix"}
+    _unused_fields = stock_unused_fields(CompletionHandler) | {"suffix"}
 
     _prompt_field = "prompt"
 

@@ -50,11 +50,11 @@ from transformers.cli.serving.utils import (
     DirectStreamer,
     GenerateManager,
     GenerationState,
-    _GenerationCancelled,
-    _StreamError,
     split_revision,
 )
 
+from .._compat.transformers import GenerationCancelled as _GenerationCancelled  # serve's private exceptions
+from .._compat.transformers import StreamError as _StreamError
 from ..generation.generate_arguments import refuse_unsupported
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS, merge_generation_config
 from ..modeling.modeling_refusion import RefusionForCausalLM
@@ -347,7 +347,7 @@ class ContinuousBatchManager(BaseGenerateManager):
     def generate_streaming(self, model, processor, inputs, gen_config, request_id, response_parser=None):
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue = asyncio.Queue()
-        streamer = DirectStreamer(processor._tokenizer, loop, chunks, response_parser=response_parser)
+        streamer = DirectStreamer(processor.backend_tokenizer, loop, chunks, response_parser=response_parser)
         prompt = torch.tensor(list(inputs["input_ids"]))
         arrived = ARRIVED.get()
 

@@ -22,8 +22,9 @@ import os
 import zipfile
 from pathlib import Path
 
-from accelerate import PartialState
 from accelerate.utils import DistributedType
+
+from .._compat.accelerate import set_shared_distributed_type
 
 
 def _flag(name: str) -> bool:
@@ -68,7 +69,7 @@ def use_requested_engine_on_cpu(trainer) -> None:
         plugin.set_mixed_precision(state.mixed_precision)
     state.distributed_type = DistributedType.FSDP
     state.fsdp_plugin = plugin
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as AcceleratorState.__init__ does
+    set_shared_distributed_type(DistributedType.FSDP)  # as AcceleratorState.__init__ does
     trainer.is_fsdp_enabled = True
 
 

@@ -23,9 +23,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import Trainer
 from trl import SFTTrainer
 
+from .._compat.transformers import add_signature_columns, stock_signature_columns
 from ..modeling.refusion_loss import IGNORE_INDEX
 from .collator import RefusionDataCollator
 from .trainer import RefusionTrainer
@@ -114,8 +114,8 @@ class RefusionSFTTrainer(RefusionTrainer, SFTTrainer):
         return RefusionSFTCollator(collator)
 
     def _set_signature_columns_if_needed(self) -> None:
-        Trainer._set_signature_columns_if_needed(self)
-        self._signature_columns += [name for name in ("input_ids", "labels") if name not in self._signature_columns]
+        stock_signature_columns(self)
+        add_signature_columns(self, ("input_ids", "labels"))
 
 
 __all__ = ["RefusionSFTCollator", "RefusionSFTTrainer"]

@@ -47,6 +47,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
+from .._compat.transformers import add_signature_columns, output_dir, save_stock_checkpoint
 from ..command_inputs import first_line
 from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
@@ -150,7 +151,7 @@ class RefusionTrainer(Trainer):
 
     def _set_signature_columns_if_needed(self) -> None:
         super()._set_signature_columns_if_needed()
-        self._signature_columns += [name for name in COLLATOR_COLUMNS if name not in self._signature_columns]
+        add_signature_columns(self, COLLATOR_COLUMNS)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # `Trainer.compute_loss` by name: the model's own loss, also in `RefusionSFTTrainer`, where `super()` would be
@@ -234,9 +235,9 @@ class RefusionTrainer(Trainer):
 
         A save that fails removes the checkpoint folder (see the module docstring); a write failure is raised as
         `CheckpointWriteError`."""
-        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        folder = Path(output_dir(self, trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         try:
-            Trainer._save_checkpoint(self, model, trial)
+            save_stock_checkpoint(self, model, trial)
             self._write_card(folder)
         except Exception as error:
             try:  # before the removal frees the partial files' space
