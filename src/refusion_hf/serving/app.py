@@ -1,5 +1,6 @@
 """`refusion serve`'s HTTP front: the FastAPI app (FastAPI does the routing and JSON parsing, uvicorn the HTTP)
-around transformers serve's request handlers as `handlers.py` extends them, decoding through `server.py`'s managers.
+around transformers serve's request handlers as `handlers.py` extends them, decoding through `server.py`'s and
+`batching.py`'s managers.
 
 The app is built here rather than by transformers serve's `build_server`, whose app also has `/load_model` (load
 any local folder or Hub id into memory, for ever), `/reset` (unload the served model), and routes for endpoints
