@@ -66,6 +66,43 @@ def test_finished_rows_are_replaced_at_once(model64):
         assert torch.equal(stream.tokens[index, :n], alone.tokens[0, :n])
 
 
+def test_withdrawn_prompts_leave_before_the_next_forward(model64):
+    """`withdrawing`: a prompt withdrawn while it decodes leaves the batch before the next forward (one row fewer
+    from then on) and one withdrawn while it waits is never decoded; their answers are empty, the others' are the
+    ones they have alone, and an empty withdrawal set changes nothing (same forwards)."""
+    from refusion_hf.generation.batch_scheduler import decode_batch, withdrawing
+    from refusion_hf.generation.ragged_kv_cache import forward_queries
+    from refusion_hf.generation.sequence_state import DecodingSettings
+
+    torch.manual_seed(5)
+    prompts = [torch.randint(4, 64, (n,)) for n in (5, 7, 3, 6)]
+    settings_ = DecodingSettings(
+        max_new_tokens=16, slot_size=2, block_size=8, slot_threshold=0.5, token_threshold=0.3, mask_token_id=3,
+        eos_token_ids=(EOS,),
+    )  # fmt: skip
+    plain = decode_batch(model64, prompts, settings_, 0, max_rows=2)
+    with withdrawing(set()):
+        assert decode_batch(model64, prompts, settings_, 0, max_rows=2).num_forward_passes == plain.num_forward_passes
+    withdrawn, rows_per_forward = {3}, []
+
+    def forward(model, kv, queries, pad):
+        rows_per_forward.append(len(queries))
+        if len(rows_per_forward) == 3:
+            withdrawn.add(1)  # while prompts 0 and 1 decode: 1 leaves before the 4th forward
+        return forward_queries(model, kv, queries, pad)
+
+    with withdrawing(withdrawn):
+        result = decode_batch(model64, prompts, settings_, 0, forward=forward, max_rows=2)
+    assert rows_per_forward[:4] == [2, 2, 2, 1], rows_per_forward
+    assert result.answer_lengths[1] == result.answer_lengths[3] == 0 and result.forward_passes_per_row[3] == 0
+    for index in (0, 2):
+        alone = decode_batch(model64, [prompts[index]], settings_, 0)
+        n = alone.answer_lengths[0]
+        assert n > 0 and result.answer_lengths[index] == n
+        assert torch.equal(result.tokens[index, :n], alone.tokens[0, :n])
+    assert result.num_forward_passes < plain.num_forward_passes
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

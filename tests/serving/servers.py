@@ -1,11 +1,14 @@
 """Servers for the serving tests, each on a free 127.0.0.1 port in a thread: `running(app)` runs any ASGI app under
 uvicorn and yields its base URL (`running_server`: and the uvicorn server); `stock_app(folder)` is transformers
 serve's own app pinned to a folder, built as `transformers serve --force-model FOLDER` builds it (the baseline the
-hardening tests first attack)."""
+hardening tests first attack). `slowed_forwards` and `rows_per_forward` observe the served model's forwards from
+outside (torch's global forward pre-hooks); `HeldRequest` is a client that leaves when the test says."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import threading
 import time
 
@@ -56,6 +59,44 @@ def slowed_forwards(model_class, seconds: float):
         yield starts
     finally:
         handle.remove()
+
+
+@contextlib.contextmanager
+def rows_per_forward():
+    """The rows of each forward of the served model (its embedding's input: torch's global forward pre-hook)."""
+    rows = []
+
+    def hook(module, args):
+        if isinstance(module, torch.nn.Embedding) and args and args[0].dim() == 2:
+            rows.append((time.monotonic(), args[0].shape[0]))
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield rows
+    finally:
+        handle.remove()
+
+
+class HeldRequest:
+    """A completion request sent over a socket to 127.0.0.1 and held open until `leave()` closes the connection."""
+
+    def __init__(self, url: str, body: dict):
+        host, port = url.removeprefix("http://").split(":")
+        self.socket = socket.create_connection((host, int(port)), timeout=60)
+        data = json.dumps(body).encode()
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        self.socket.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+
+    def leave(self) -> float:
+        self.socket.close()
+        return time.monotonic()
+
+
+def until(condition, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.01)
 
 
 def stock_app(folder: str):

@@ -5,6 +5,7 @@ transformers serve's app, whose non-streaming decoding runs on to its end. Every
 slowed by a hook of the test (torch's global forward pre-hook, which also counts them), so that decoding outlasts
 the client. Model: the official-layout folder built from the tiny fixture."""
 
+import re
 import threading
 import time
 
@@ -16,7 +17,15 @@ from refusion_hf.modeling.loading import load_model_and_tokenizer
 from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving.app import build_app
 from tests.official_layout import build_official_layout
-from tests.serving.servers import running, running_server, slowed_forwards, stock_app
+from tests.serving.servers import (
+    HeldRequest,
+    rows_per_forward,
+    running,
+    running_server,
+    slowed_forwards,
+    stock_app,
+    until,
+)
 
 FORWARD_SECONDS = 0.1  # each forward of the served model, slowed
 MAX_TOKENS = 400
@@ -106,10 +115,63 @@ def test_a_client_that_leaves_stops_its_decoding(official, stream):
     state.shutdown()
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+def test_continuous_batching_drops_the_row_of_a_client_that_left(official, stream):
+    """With --continuous-batching, two requests that decode as one batch (2 rows per forward): when one client
+    leaves, its row is dropped within one forward (the other decodes on, alone), and when the other leaves too the
+    decoding stops; a first request, decoding alone while they wait, stops when its client leaves. The next request
+    is answered at once."""
+    folder, model, tokenizer = official
+    assert answer_outlasts(model, tokenizer, 30), "the answer is too short for a client to leave it"
+    app, state = build_app(folder, dtype="float32", device="cpu", continuous_batching=True)
+    body = {**REQUEST, "stream": stream}
+    with (
+        running(app) as url,
+        slowed_forwards(RefusionForCausalLM, FORWARD_SECONDS) as starts,
+        rows_per_forward() as rows,
+    ):
+        first = HeldRequest(url, body)
+        until(lambda: starts, "the first request to decode")
+        pair = [HeldRequest(url, body), HeldRequest(url, body)]
+        waiting = re.compile(r"^refusion_requests_waiting 2\.0$", re.MULTILINE)
+        until(lambda: waiting.search(httpx2.get(f"{url}/metrics").text), "the next two to wait")
+        first_left = first.leave()
+        until(lambda: any(n == 2 for t, n in rows), "the two to decode together")
+        assert len([t for t, n in rows if t > first_left and n == 1]) <= 2, rows  # the first one's row, dropped
+        time.sleep(4 * FORWARD_SECONDS)
+        one_left = pair[0].leave()
+        until(lambda: len([t for t, n in rows if t > one_left]) >= 6, "six forwards after the client left")
+        other_left = pair[1].leave()
+        settle(starts, quiet=4 * FORWARD_SECONDS)
+        between = [n for t, n in rows if one_left < t <= other_left]
+        # the forward running when the client left, then at most one more with its row; then the other row alone
+        assert between[1:] == [1] * (len(between) - 1), between
+        assert len([t for t, n in rows if t > other_left]) <= 2, rows
+    with running(app) as url:  # the next request (its forwards no longer slowed) is answered at once
+        begun = time.monotonic()
+        reply = httpx2.post(f"{url}/v1/completions", json={"prompt": "t9", "max_tokens": 2}, timeout=60)
+        assert reply.status_code == 200 and time.monotonic() - begun < 5
+    state.shutdown()
+
+
 def test_stopping_the_server_ends_requests_in_flight(official):
     """What uvicorn does on SIGTERM / SIGINT (`should_exit`): with a graceful-shutdown timeout of 1 s, a server with
-    a streaming and a non-streaming request in flight stops within it, and their decoding stops."""
+    a streaming and a non-streaming request in flight stops within it, and their decoding stops. transformers
+    serve's app under uvicorn's default (no graceful-shutdown timeout) waits for its request to decode to the end."""
     folder, model, tokenizer = official
+    app, manager = stock_app(folder)
+    with slowed_forwards(Qwen3ForCausalLM, 0.01) as starts:
+        with running_server(app) as (url, server):
+            client = threading.Thread(target=abandon, args=(url, False, 60, {**REQUEST, "max_tokens": 40}))
+            client.start()
+            until(lambda: len(starts) > 5, "transformers serve to decode")
+            asked = time.monotonic()
+            server.should_exit = True
+        stopped = time.monotonic() - asked
+    client.join(60)
+    manager.shutdown()
+    assert len([t for t in starts if t > asked]) > 20 and stopped > 1, (len(starts), stopped)  # decoded to the end
+
     app, state = build_app(folder, dtype="float32", device="cpu")
     with (
         running_server(app, timeout_graceful_shutdown=1) as (url, server),

@@ -7,6 +7,7 @@ fixture (512 positions)."""
 
 import json
 import logging
+import re
 import threading
 import time
 
@@ -19,12 +20,12 @@ from refusion_hf.cli import build_parser
 from refusion_hf.modeling.loading import load_model_and_tokenizer
 from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving import server
-from refusion_hf.serving.app import build_app
+from refusion_hf.serving.app import ServeOptionError, build_app
 from refusion_hf.serving.cli import warn_if_open
 from refusion_hf.serving.server import RefusionModelManager
 from tests.cli_errors import user_error
 from tests.official_layout import build_official_layout
-from tests.serving.servers import running, slowed_forwards, stock_app
+from tests.serving.servers import HeldRequest, rows_per_forward, running, slowed_forwards, stock_app, until
 
 TIMEOUT = 60  # seconds, per request
 # A template that renders the generation prompt after a loop of N * N steps (about 1.5 s at N = 4000 here).
@@ -352,4 +353,34 @@ def test_max_queued_requests(official):
         assert replies[3].headers["Retry-After"] == "1" and "--max-queued-requests 2" in replies[3].json()["detail"]
         assert replies[0].json()["choices"][0]["text"] == answer_text(model, tokenizer, words(3), 4)
         assert httpx2.post(f"{url}/v1/completions", json=request, timeout=TIMEOUT).status_code == 200  # room again
+    state.shutdown()
+
+
+def test_max_num_seqs(official):
+    """With continuous batching and `--max-num-seqs 2`, at most two requests decode at once (two rows per forward,
+    counted from outside) and the rest wait in the queue that `--max-queued-requests` bounds (one more is a 503);
+    without continuous batching requests decode one at a time, and a larger value is refused."""
+    folder, model, tokenizer = official
+    with pytest.raises(ServeOptionError, match="one at a time"):
+        ours(folder, max_requests_per_batch=2)
+    body = {"prompt": words(3), "max_tokens": 400}
+
+    def gauge(url: str, name: str) -> float:
+        return float(re.search(rf"^refusion_requests_{name} (\S+)$", httpx2.get(f"{url}/metrics").text, re.M)[1])
+
+    app, state = ours(folder, continuous_batching=True, max_requests_per_batch=2, max_queued_requests=3)
+    with running(app) as url, slowed_forwards(RefusionForCausalLM, 0.1) as starts, rows_per_forward() as rows:
+        first = HeldRequest(url, body)
+        until(lambda: starts, "the first request to decode")
+        queued = [HeldRequest(url, body) for _ in range(3)]
+        until(lambda: gauge(url, "waiting") == 3, "three requests to wait")
+        reply = httpx2.post(f"{url}/v1/completions", json=body, timeout=TIMEOUT)
+        assert reply.status_code == 503 and "--max-queued-requests 3" in reply.json()["detail"]
+        left = first.leave()  # its row is dropped: the next round takes two of the three, the third waits
+        until(lambda: any(t > left and n == 2 for t, n in rows), "two requests to decode together")
+        time.sleep(0.3)
+        assert (gauge(url, "running"), gauge(url, "waiting")) == (2, 1)
+        assert max(n for t, n in rows) == 2, rows
+        for request in queued:
+            request.leave()
     state.shutdown()

@@ -165,7 +165,8 @@ def test_concurrent_clients_each_get_their_own_answer(official, continuous_batch
             return stream_chat(client, **request)[0]
         return client.chat.completions.create(**request).choices[0].message.content
 
-    with serving(folder, continuous_batching=continuous_batching, max_requests_per_batch=4) as client:
+    rows = dict(max_requests_per_batch=4) if continuous_batching else {}  # one at a time: 1, the only value
+    with serving(folder, continuous_batching=continuous_batching, **rows) as client:
         with ThreadPoolExecutor(len(WORDS)) as pool:
             replies = list(pool.map(lambda i: ask(client, i), range(len(WORDS))))
     assert replies == [tokenizer.decode(tokens, skip_special_tokens=True) for tokens in expected]
@@ -210,6 +211,7 @@ def test_the_command_serves_and_stops_cleanly(official):
 def test_command_errors_are_one_line(capsys, tmp_path):
     assert "no such folder" in user_error(capsys, ["serve", str(tmp_path / "missing")])
     assert "--continuous-batching" in user_error(capsys, ["serve", "--max-requests-per-batch", "4"])
+    assert "decode one at a time (--max-num-seqs 1)" in user_error(capsys, ["serve", "--max-num-seqs", "2"])
 
 
 def test_no_folder_code_runs(tmp_path):

@@ -5,12 +5,17 @@ query (stages.py), runs ONE model forward for all of them on top of one shared K
 has every row's logits examined and decided, and keeps in the cache what each row keeps. Sequences that finish
 leave the batch (their cache rows are dropped), so they cost nothing afterwards; with continuous batching
 (`max_rows`) waiting prompts take their places. Stopping criteria see the final prefixes (prefix_stopping.py).
+A caller may withdraw prompts while they decode (`withdrawing`: a server whose client went away): before each
+forward, a withdrawn prompt that waits is never decoded and one that decodes leaves the batch.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Set
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +28,22 @@ from .split_attention import split_attention
 from .stages import begin_step, examine_steps, finish_step
 
 JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
+# The prompts withdrawn from the `decode_batch` calls made in this context (`withdrawing`).
+_WITHDRAWN: contextvars.ContextVar[Set[int] | None] = contextvars.ContextVar("refusion_withdrawn", default=None)
+
+
+@contextlib.contextmanager
+def withdrawing(withdrawn: Set[int]):
+    """Within it, a `decode_batch` call (so `generate()` and `generate_batch()` on this thread) reads `withdrawn`, a
+    set of prompt indices (rows of `generate()`'s batch; `generate_batch`'s `req_i` is i) that another thread may
+    add to while it runs. Before each forward, a withdrawn prompt still waiting is never decoded, and one decoding
+    leaves the batch (its cache rows dropped, its place free for a waiting prompt); either answer is empty (length
+    0). The check is one `len()` per forward until a prompt is withdrawn: the other rows decode as they would."""
+    token = _WITHDRAWN.set(withdrawn)
+    try:
+        yield withdrawn
+    finally:
+        _WITHDRAWN.reset(token)
 
 
 @dataclass
@@ -60,6 +81,7 @@ def decode_batch(
     that a stream of requests longer than the batch keeps it full. `on_finish(index, sequence)` is called when a
     prompt's answer is decoded. Each prompt decodes as it would alone either way. Stopping criteria are called for
     the whole batch at once (stock's contract), so they need every row from the start: not with `max_rows`.
+    Prompts withdrawn by the caller (`withdrawing`) end with an empty answer before the next forward.
     """
     device = prompts[0].device
     forward = forward or forward_queries
@@ -74,6 +96,7 @@ def decode_batch(
     dtype = model.dtype  # read once: `model.dtype` walks the parameters
     kv = RaggedKVCache(model.config, 0, device, dtype)
     num_forward_passes = 0
+    withdrawn, seen = _WITHDRAWN.get(), 0  # prompts withdrawn by the caller; how many of them were handled
 
     def step(rows: list[int], cache: RaggedKVCache) -> None:
         """One forward for `rows` on `cache`; each row advances and keeps what its stage kept of its query."""
@@ -93,6 +116,18 @@ def decode_batch(
     # with the split masks of split_attention.py; the returned tensors are built after it, as ordinary tensors.
     with torch.inference_mode(), split_attention(model):
         while active or waiting:
+            if withdrawn is not None and len(withdrawn) != seen:  # one len() per forward until one is withdrawn
+                gone = set(withdrawn)  # a copy: the caller's thread may add to it meanwhile
+                seen = len(gone)
+                for index in [i for i in waiting if i in gone]:  # never decoded: an empty answer
+                    sequences[index] = SequenceState(prompts[index], settings, policy)
+                for index in [i for i in active + waiting if i in gone]:
+                    sequences[index].stop_at(0)
+                waiting = [i for i in waiting if i not in gone]
+                still = [i for i, row in enumerate(active) if row not in gone]
+                if len(still) < len(active):
+                    kv.select_rows(still)
+                    active = [active[i] for i in still]
             if active:
                 step(active, kv)
                 num_forward_passes += 1

@@ -1,5 +1,6 @@
 """`refusion serve`'s HTTP front: the FastAPI app (FastAPI does the routing and JSON parsing, uvicorn the HTTP)
-around transformers serve's request handlers as `handlers.py` extends them, decoding through `server.py`'s managers.
+around transformers serve's request handlers as `handlers.py` extends them, decoding through `server.py`'s and
+`batching.py`'s managers.
 
 The app is built here rather than by transformers serve's `build_server`, whose app also has `/load_model` (load
 any local folder or Hub id into memory, for ever), `/reset` (unload the served model), and routes for endpoints
@@ -30,6 +31,7 @@ from transformers.cli.serving.utils import X_REQUEST_ID, CBWorkerDeadError
 
 from .._compat.transformers import request_params_class
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
+from .batching import RefusionGenerationState
 from .handlers import (
     OPTIONAL_FIELDS,
     NotServed,
@@ -39,7 +41,7 @@ from .handlers import (
     request_schema,
 )
 from .metrics import ARRIVED, ServerMetrics
-from .server import CLIENT, RefusionGenerationState, RefusionModelManager
+from .server import CLIENT, RefusionModelManager
 
 OPEN_PATHS = ("/health", "/metrics")  # answered without the API key (health checks, Prometheus; as vLLM)
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -157,7 +159,7 @@ def build_app(
     device: str = "auto",
     attn_implementation: str | None = None,
     continuous_batching: bool = False,
-    max_requests_per_batch: int = DEFAULT_BATCH_ROWS,
+    max_requests_per_batch: int | None = None,
     served_model_name: list[str] | None = None,
     max_model_len: int | None = None,
     trust_request_chat_template: bool = False,
@@ -166,7 +168,16 @@ def build_app(
 ):
     """The FastAPI app for one model, loaded now, with ReFusion decoding. Returns `(app, generation_state)`;
     `generation_state.shutdown()` stops the decoding worker. `served_model_name`: the names requests may give
-    (default: `model` as given, as vLLM does); `max_model_len`: default the model's `max_position_embeddings`."""
+    (default: `model` as given, as vLLM does); `max_model_len`: default the model's `max_position_embeddings`;
+    `max_requests_per_batch`: requests decoded at once, the rest wait (default 16 with `continuous_batching`; without
+    it 1, the only value it takes)."""
+    if max_requests_per_batch is None:
+        max_requests_per_batch = DEFAULT_BATCH_ROWS if continuous_batching else 1
+    elif max_requests_per_batch > 1 and not continuous_batching:
+        raise ServeOptionError(
+            f"max_requests_per_batch {max_requests_per_batch}: without continuous batching requests decode one at a "
+            "time (1); turn continuous batching on to decode more at once."
+        )
     models = RefusionModelManager(
         device=device,
         dtype=dtype,

@@ -78,7 +78,8 @@ def register(subparsers) -> None:
         "--max-num-seqs",
         type=positive_int,
         default=None,
-        help=f"rows decoded at once with --continuous-batching (default {DEFAULT_BATCH_ROWS})",
+        help=f"requests decoded at once, the rest wait in the queue (default: {DEFAULT_BATCH_ROWS} with "
+        "--continuous-batching, else 1, the only value it takes without)",
     )
     parser.add_argument(
         "--served-model-name",
@@ -120,9 +121,11 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_extra("serving", "fastapi", "uvicorn", "openai", "prometheus_client")
-    if args.max_requests_per_batch is not None and not args.continuous_batching:
+    rows = args.max_requests_per_batch
+    if rows is not None and rows > 1 and not args.continuous_batching:
         raise CommandError(
-            "--max-requests-per-batch (--max-num-seqs) sets the rows of --continuous-batching: pass both, or neither."
+            f"--max-num-seqs (--max-requests-per-batch) {rows}: without --continuous-batching requests decode one at "
+            f"a time (--max-num-seqs 1); pass --continuous-batching to decode {rows} at once."
         )
     if args.api_key is not None and not args.api_key.strip():
         raise CommandError("--api-key (or REFUSION_API_KEY) is empty: give a key, or leave both unset.")
@@ -143,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             attn_implementation=args.attn_implementation,
             continuous_batching=args.continuous_batching,
-            max_requests_per_batch=args.max_requests_per_batch or DEFAULT_BATCH_ROWS,
+            max_requests_per_batch=args.max_requests_per_batch,
             served_model_name=args.served_model_name,
             max_model_len=args.max_model_len,
             trust_request_chat_template=args.trust_request_chat_template,

@@ -14,7 +14,8 @@ the chat template, SSE streaming, usage accounting and finish reasons), extended
   `temperature: 0` is greedy; the request's `seed` is applied on the thread that decodes it (`server.py`).
 
 `/v1/responses`, `/v1/systemone` and `/v1/audio/transcriptions` are not served (`NotServed`: HTTP 501 naming the
-two endpoints that are). Decoding (the generation managers) is `server.py`'s.
+two endpoints that are). Decoding (the generation managers) is `server.py`'s and
+`batching.py`'s.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """`refusion serve`'s `/metrics`: Prometheus's text format, through prometheus-client (its metric types, registry and
 exposition). One registry per app, so that several apps in one process (the tests) keep their own counts.
 
-Where each is measured: requests running / waiting by the decoding managers (`server.py`: waiting from submission
-to the start of their decoding); prompt tokens by the handlers once a request is admitted; generated tokens when
-an answer is complete; forward passes by a forward hook on the model (torch's `register_forward_hook`); time to
-first token for streamed requests (the first piece of the answer handed to the stream); end-to-end latency and the
-answers by status class by the app's ASGI gate (`app.py`: from the request's arrival to the last byte of its
-answer). Tokens per forward pass is `refusion_generation_tokens_total / refusion_forward_passes_total`.
+Where each is measured: requests running / waiting by the decoding managers (`server.py`, `batching.py`: waiting from
+submission to the start of their decoding); prompt tokens by the handlers once a request is admitted; generated tokens
+when an answer is complete; forward passes by a forward hook on the model (torch's `register_forward_hook`); time to
+first token for every answered request (one at a time: when the answer's first token is final, handed to the stream or,
+not streamed, to a streamer that only times it; with continuous batching, `generate_batch` does not stream: when the
+whole answer is delivered); end-to-end latency and the answers by status class by the app's ASGI gate (`app.py`: from
+the request's arrival to the last byte of its answer). Tokens per forward pass is `refusion_generation_tokens_total /
+refusion_forward_passes_total`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class ServerMetrics:
         self.forward_passes = Counter("refusion_forward_passes", "Forward passes of the model.", registry=registry)
         self.time_to_first_token = Histogram(
             "refusion_time_to_first_token_seconds",
-            "From a streamed request's arrival to the first piece of its answer.",
+            "From a request's arrival to its answer's first final token.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
