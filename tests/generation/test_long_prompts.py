@@ -65,11 +65,14 @@ def test_a_padded_batch_gets_a_boolean_context_mask_as_stock_does(model32, monke
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 @pytest.mark.parametrize("cached", [0, 6], ids=["empty-cache", "filled-cache"])
-def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached):
+@pytest.mark.parametrize("kv_heads", [1, 2, 4], ids=["4-query-heads-per-kv", "2-per-kv", "no-grouping"])
+def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached, kv_heads):
     """One forward with a `SplitMask` gives the logits of the same forward with the dense [C + S, T + C + S] mask,
-    with an empty cache (causal context, no mask) and a filled one with holes (context sees the valid entries)."""
+    with an empty cache (causal context, no mask) and a filled one with holes (context sees the valid entries); with
+    grouped query heads (the scored rows then run packed by key/value head) and without."""
     torch.manual_seed(0)
-    model = tiny_refusion_model(attn_implementation=backend).double()
+    model = tiny_refusion_model(attn_implementation=backend, num_attention_heads=4, num_key_value_heads=kv_heads)
+    model = model.double()
     c, s = 5, 4
     past = torch.randint(4, 60, (1, cached))
     valid = torch.ones(1, cached, dtype=torch.bool)

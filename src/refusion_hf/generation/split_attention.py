@@ -57,7 +57,7 @@ def _split(backend: str):
         if not isinstance(attention_mask, SplitMask):
             return _BACKENDS[backend](module, query, key, value, attention_mask, **kwargs)
         c = attention_mask.context_width
-        scored = _BACKENDS[backend](module, query[:, :, c:], key, value, attention_mask.scored, **kwargs)[0]
+        scored = _scored_attention(backend, module, query[:, :, c:], key, value, attention_mask.scored, **kwargs)
         if not c:
             return scored, None
         fed_so_far = key.shape[2] - (query.shape[2] - c)  # T + C: the scored tokens come after the context
@@ -77,6 +77,37 @@ def _split(backend: str):
         return torch.cat([context, scored], dim=1), None
 
     return attention
+
+
+@dataclass(frozen=True)
+class _OneGroup:
+    """What the backends read of an attention module, for queries whose heads are already packed by key/value
+    head: no `repeat_kv`."""
+
+    training: bool
+    is_causal: bool = False
+    num_key_value_groups: int = 1
+
+
+def _scored_attention(backend, module, query, key, value, mask, **kwargs) -> torch.Tensor:
+    """query [B, H, S, D], key / value [B, Hkv, K, D], mask [B, 1, S, K] -> [B, S, H, D].
+
+    With grouped-query attention and a mask, transformers' backends copy every cached key and value once per query
+    head of a group (`repeat_kv`: the whole cache, every layer, every forward; sdpa packs the heads instead only for
+    one query token, `pack_gqa`). The scored rows are few, so they are packed the same way for any S: the `n_rep`
+    query heads of a key/value head become `n_rep * S` rows of one head, the mask's rows repeated to match
+    (`n_rep * S * K` entries instead of `2 * H * K * D` copied), and the backend runs on the key/value heads as they
+    are cached."""
+    n_rep = getattr(module, "num_key_value_groups", 1)
+    if n_rep == 1:
+        return _BACKENDS[backend](module, query, key, value, mask, **kwargs)[0]
+    b, h, s, d = query.shape
+    kv_heads = h // n_rep
+    packed_query = query.reshape(b, kv_heads, n_rep * s, d)  # head h = kv * n_rep + r: rows (r, s) of head kv
+    packed_mask = mask.expand(b, 1, s, mask.shape[-1]).repeat(1, 1, n_rep, 1)  # [B, 1, n_rep * S, K]
+    out = _BACKENDS[backend](_OneGroup(module.training), packed_query, key, value, packed_mask, **kwargs)[0]
+    # out [B, n_rep * S, Hkv, D] -> [B, S, Hkv, n_rep, D] -> [B, S, H, D]
+    return out.reshape(b, n_rep, s, kv_heads, d).permute(0, 2, 3, 1, 4).reshape(b, s, h, d)
 
 
 _BACKENDS = {"sdpa": sdpa_attention_forward, "eager": eager_attention_forward}
