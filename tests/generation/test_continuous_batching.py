@@ -114,6 +114,9 @@ def test_withdrawn_prompts_leave_before_the_next_forward(model64):
         ({"repetition_penalty": 1.2}, "repetition_penalty"),
         ({"max_length": 12}, "pass `max_new_tokens`"),
         ({"decoding": "autoregressive", "do_sample": True}, r"would ignore \['do_sample'\]"),
+        ({"attention_mask": torch.ones(2, 3)}, "takes no `attention_mask`"),  # the prompts are padded here
+        ({"custom_generate": "folder"}, "takes no `custom_generate`"),
+        ({"return_dict_in_generate": False}, "takes no `return_dict_in_generate`"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(model32, kwargs, message):

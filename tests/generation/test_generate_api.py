@@ -370,3 +370,25 @@ def test_a_generation_config_that_is_not_one_is_refused(model64):
     ):
         with pytest.raises(ValueError, match=message):
             call({"max_new_tokens": 4})
+
+
+@pytest.mark.parametrize("decoding", ["refusion", "autoregressive"])
+def test_without_inputs_generation_starts_from_bos(model64, decoding):
+    """As stock generate (transformers' `test_generate_without_input_ids`): neither `input_ids` nor `inputs_embeds`
+    starts each row from `bos_token_id` (one row, or as many as `attention_mask` has); without a BOS, stock's error."""
+    bos = model64.generation_config.bos_token_id
+    from_bos = model64.generate(torch.tensor([[bos]]), max_new_tokens=6, decoding=decoding, do_sample=False)
+    assert torch.equal(model64.generate(max_new_tokens=6, decoding=decoding, do_sample=False), from_bos)
+    rows = torch.ones(2, 1, dtype=torch.long)
+    assert torch.equal(
+        model64.generate(attention_mask=rows, max_new_tokens=6, decoding=decoding, do_sample=False),
+        from_bos.repeat(2, 1),
+    )
+    with pytest.raises(ValueError, match=r"`bos_token_id` has to be defined when no `input_ids` are provided"):
+        model64.generate(max_new_tokens=6, decoding=decoding, bos_token_id=None)
+
+
+def test_without_inputs_autoregressive_decoding_is_stocks(model64, fixture_path):
+    stock = Qwen3ForCausalLM.from_pretrained(fixture_path, dtype=torch.float64).eval()
+    ours = model64.generate(max_new_tokens=6, decoding="autoregressive", do_sample=False)
+    assert torch.equal(ours, stock.generate(max_new_tokens=6, do_sample=False))

@@ -186,7 +186,14 @@ def test_validation_accepts_exactly_the_declared_values(knob, value):
 
 def test_the_decoder_reads_the_declared_settings_knobs():
     in_settings = [knob.name for knob in KNOBS if knob.in_settings]
-    assert set(in_settings) <= {field.name for field in dataclasses.fields(DecodingSettings)}
+    fields = {field.name: field for field in dataclasses.fields(DecodingSettings)}
+    assert list(fields) == ["max_new_tokens", "eos_token_ids", *in_settings]  # derived: no second knob list
+    for knob in KNOBS:  # a knob resolved at the call is required; the others default to the declared default
+        if knob.in_settings and knob.resolve_unset is None and not knob.token_id:
+            assert fields[knob.name].default == knob.default, knob.name
+    assert {name for name, field in fields.items() if field.default is dataclasses.MISSING} == {
+        "max_new_tokens", "eos_token_ids", "block_size", "mask_token_id"
+    }
     config = RefusionGenerationConfig(slot_size=12, slot_threshold=1, token_threshold=0, mask_token_id=3)
     config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)
     values = decoding_knob_values(config)

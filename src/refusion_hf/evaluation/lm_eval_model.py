@@ -14,7 +14,7 @@ sequences, tasks, filters and metrics. Added here:
   with a warning that says so. lm-eval's own `hf` model is the one that runs a folder's modeling code. A tokenizer
   that transformers loads only by running its code, without `trust_remote_code=True`, is a one-line `CommandError`
   (`check_tokenizer`, `_create_tokenizer`), not transformers' traceback;
-* model args `slot_size`, `block_size`, `slot_threshold`, `token_threshold`, `plan_ahead`, `decoding`, and
+* model args: every tunable ReFusion knob (`DECODING_KNOBS`, from their declaration in `KNOBS`), `decoding`, and
   `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it), validated against
   the folder's generation_config.json before anything loads (`check_folder_args`);
 * `continuous_batching=True`: each task's requests go to `model.generate_batch` (at most `batch_size` rows at

@@ -1,10 +1,10 @@
 """Which stock `generate()` arguments ReFusion decoding honours, and the checks every call's inputs pass first.
 
-`ARGUMENT_SUPPORT` classifies every `GenerationConfig` field (honoured, inert, or refused with the reason);
-`refuse_unsupported` raises the `ValueError` naming the first argument set to anything it cannot honour. The input
-checks turn what stock `generate` would meet as a `TypeError` / `IndexError` deep in a forward into a `ValueError`
-naming the argument. transformers does the rest: its own `GenerationConfig.validate` and `GenerationMixin`'s
-preparation (refusion_generate.py calls them).
+`ARGUMENT_SUPPORT` classifies every `GenerationConfig` field (honoured, inert, or refused with the reason), from
+its declaration in `stock_fields.STOCK_FIELDS`; `refuse_unsupported` raises the `ValueError` naming the first
+argument set to anything it cannot honour. The input checks turn what stock `generate` would meet as a
+`TypeError` / `IndexError` deep in a forward into a `ValueError` naming the argument. transformers does the rest:
+its own `GenerationConfig.validate` and `GenerationMixin`'s preparation (refusion_generate.py calls them).
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -14,85 +14,20 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from .._compat.transformers import stock_default_generation_params
-from .refusion_generation_config import NEVER_ID, REFUSION_FIELDS, RefusionGenerationConfig
+from .refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
+from .stock_fields import HONOURED, INERT, NEVER_ID, STOCK_FIELDS, is_neutral
 
-HONOURED = "honoured"
-INERT = "inert"  # only read by decoding modes ReFusion refuses anyway (beam search, assisted decoding, ...)
-
-# How ReFusion decoding treats every stock `GenerationConfig` field: HONOURED, INERT, or the reason it is refused
-# when set to anything but its neutral value (None or the stock default).
-ARGUMENT_SUPPORT: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "max_length", "max_new_tokens", "min_length", "min_new_tokens", "max_time", "stop_strings",
-            "do_sample", "temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff",
-            "eta_cutoff", "bad_words_ids", "sequence_bias", "suppress_tokens", "begin_suppress_tokens",
-            "renormalize_logits", "remove_invalid_values", "num_return_sequences", "return_dict_in_generate",
-            "pad_token_id", "bos_token_id", "eos_token_id",
-        ),
-        HONOURED,
-    ),
-    **dict.fromkeys(
-        (
-            "early_stopping", "length_penalty", "num_assistant_tokens", "num_assistant_tokens_schedule",
-            "assistant_confidence_threshold", "max_matching_ngram_size", "assistant_lookbehind", "target_lookbehind",
-            "assistant_ensemble_weight", "is_assistant", "speculation_type", "decoder_start_token_id",
-            "compile_config", "disable_compile", "max_cache_len", "cache_config", "continuous_batching_config",
-            "low_memory", "_from_model_config", "transformers_version",
-        ),
-        INERT,
-    ),
-    "num_beams": "beam search",
-    "num_beam_groups": "group beam search",
-    "diversity_penalty": "group beam search",
-    "constraints": "constrained beam search",
-    "force_words_ids": "constrained beam search",
-    "penalty_alpha": "contrastive search",
-    "dola_layers": "DoLa decoding",
-    "use_mtp": "multi-token-prediction assisted decoding",
-    "prompt_lookup_num_tokens": "prompt-lookup assisted decoding",
-    "assistant_early_exit": "self-speculative assisted decoding",
-    "cache_implementation": "ReFusion keeps its own ragged dynamic cache",
-    "prefill_chunk_size": "ReFusion prefills each prompt in its first forward",
-    "repetition_penalty": "it depends on the tokens before each position, which out-of-order drafts do not have",
-    "encoder_repetition_penalty": "encoder-decoder models only",
-    "no_repeat_ngram_size": "it depends on the tokens before each position, which out-of-order drafts do not have",
-    "encoder_no_repeat_ngram_size": "encoder-decoder models only",
-    "forced_bos_token_id": "it forces a token at a given sequence length, which out-of-order drafts do not have",
-    "forced_eos_token_id": "it forces a token at a given sequence length, which out-of-order drafts do not have",
-    "exponential_decay_length_penalty": "it depends on the current sequence length",
-    "token_healing": "it rewrites the prompt's last token, which ReFusion's cache has already committed",
-    "guidance_scale": "classifier-free guidance needs a second, unconditional decode",
-    "watermarking_config": "watermarks are seeded by the previous token",
-    "use_cache": "it reuses the KV cache of every committed token by design",
-    "output_attentions": "its forwards score drafts, not the answer",
-    "output_hidden_states": "its forwards score drafts, not the answer",
-    "output_scores": "ReFusion scores several positions per step, not one per token",
-    "output_logits": "ReFusion scores several positions per step, not one per token",
-}  # fmt: skip
-
-# Neutral values of refused fields besides None: what stock `generate` does when the field is unset.
-_NEUTRAL = {
-    **stock_default_generation_params(),
-    "guidance_scale": 1.0,
-    "use_cache": True,
-    "cache_implementation": "dynamic",
-    "output_attentions": False,
-    "output_hidden_states": False,
-}
+# How ReFusion decoding treats every stock `GenerationConfig` field (HONOURED, INERT, or the reason it is refused
+# when set to anything but its neutral value), from its declaration in `STOCK_FIELDS`.
+ARGUMENT_SUPPORT: dict[str, str] = {name: field.support for name, field in STOCK_FIELDS.items()}
 REFUSE_SUFFIX = "pass `decoding='autoregressive'` to use it with ordinary left-to-right decoding of the same weights."
-
-
-def _is_neutral(name: str, value) -> bool:
-    return value is None or (name in _NEUTRAL and value == _NEUTRAL[name])
 
 
 def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, stock_arguments: dict) -> None:
     """`ValueError` for the first argument ReFusion decoding cannot honour."""
     for name, support in ARGUMENT_SUPPORT.items():
         value = getattr(config, name, None)
-        if support not in (HONOURED, INERT) and not _is_neutral(name, value):
+        if support not in (HONOURED, INERT) and not is_neutral(name, value):
             raise ValueError(f"`{name}={value!r}` is not supported by ReFusion decoding ({support}); {REFUSE_SUFFIX}")
     for name, lengths in (("bad_words_ids", config.bad_words_ids), ("sequence_bias", config.sequence_bias)):
         if lengths is not None:
@@ -147,13 +82,29 @@ def check_integer_ids(name: str, ids: torch.Tensor) -> None:
 
 
 def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig, vocab_size: int) -> None:
-    """`ValueError` for prompts and token ids that are not ids of this model. With `decoding="autoregressive"`
-    special ids may be negative, as stock generate allows (`eos_token_id=-1`: never stop)."""
-    if input_ids is None:
-        raise ValueError(
-            "ReFusion decoding needs `input_ids` (the prompts as token ids: its decoder feeds prompts and canvases "
-            "as tokens); `inputs_embeds` alone works with `decoding='autoregressive'`."
-        )
+    """`ValueError` for prompts (None: none given) and token ids that are not ids of this model. With
+    `decoding="autoregressive"` special ids may be negative, as stock generate allows (`eos_token_id=-1`: never
+    stop)."""
+    if input_ids is not None:
+        _check_prompts(input_ids, attention_mask, vocab_size)
+    eos = config.eos_token_id
+    named = {
+        "pad_token_id": [config.pad_token_id],
+        "bos_token_id": [config.bos_token_id],
+        "mask_token_id": [config.mask_token_id],
+        "eos_token_id": eos if isinstance(eos, (list, tuple)) else [eos],
+        "suppress_tokens": config.suppress_tokens or [],
+        "begin_suppress_tokens": config.begin_suppress_tokens or [],
+    }
+    lowest = NEVER_ID if config.decoding == "autoregressive" else 0  # stock reads a negative id as "none"
+    for name, ids in named.items():
+        outside = [i for i in ids if i is not None and not lowest <= i < vocab_size]
+        if outside:
+            raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
+
+
+def _check_prompts(input_ids, attention_mask, vocab_size: int) -> None:
+    """`ValueError` unless `input_ids` are prompts of token ids of this model, and `attention_mask` their mask."""
     if not torch.is_tensor(input_ids) or input_ids.dim() != 2:
         raise ValueError("`input_ids` must be a 2-D tensor of token ids, shape (batch_size, prompt_length).")
     check_integer_ids("input_ids", input_ids)
@@ -175,20 +126,6 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
         raise ValueError(
             f"`input_ids` holds ids outside the vocabulary (0 .. {vocab_size - 1}): min {low}, max {high}."
         )
-    eos = config.eos_token_id
-    named = {
-        "pad_token_id": [config.pad_token_id],
-        "bos_token_id": [config.bos_token_id],
-        "mask_token_id": [config.mask_token_id],
-        "eos_token_id": eos if isinstance(eos, (list, tuple)) else [eos],
-        "suppress_tokens": config.suppress_tokens or [],
-        "begin_suppress_tokens": config.begin_suppress_tokens or [],
-    }
-    lowest = NEVER_ID if config.decoding == "autoregressive" else 0  # stock reads a negative id as "none"
-    for name, ids in named.items():
-        outside = [i for i in ids if i is not None and not lowest <= i < vocab_size]
-        if outside:
-            raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
 
 
 def check_left_padding(input_ids, attention_mask, config: RefusionGenerationConfig) -> torch.LongTensor:

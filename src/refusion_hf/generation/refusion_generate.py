@@ -6,11 +6,15 @@ contract is stock `GenerationMixin.generate`'s, and transformers does the stock 
 
 * the generation config is merged exactly as stock `generate` merges it (the passed config, then the model's
   for every field left unset, then the defaults, then keyword overrides), and lengths, special tokens, logits
-  processors and stopping criteria are prepared by `GenerationMixin`'s own private helpers (`_compat/transformers.py`);
-* `decoding="autoregressive"` (or `custom_generate=`) hands the whole call to stock `GenerationMixin.generate`.
+  processors and stopping criteria are prepared by `GenerationMixin`'s own private helpers (through
+  `_compat/transformers.py`);
+* the decoding method is decided once, at the first step: `decoding="autoregressive"`, `custom_generate=` and
+  drafting for stock assisted decoding hand the whole call to stock `GenerationMixin.generate` (`stock_generate`);
+* without a prompt, each row starts from BOS, as stock `_maybe_initialize_input_ids_for_generation` starts it.
 
 Every stock argument is honoured by ReFusion decoding or refused with a `ValueError` that names it
-(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field). The algorithm is in `batch_scheduler.py` and its
+(`ARGUMENT_SUPPORT`: one entry per `GenerationConfig` field, from `stock_fields.STOCK_FIELDS`). `generate_batch`
+(generate_batch.py) runs the same steps on a padded batch of requests. The algorithm is in `batch_scheduler.py` and its
 stages, the drafting under logits processors in `draft_policy.py`.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
@@ -19,7 +23,6 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 from __future__ import annotations
 
 import copy
-import inspect
 import warnings
 
 import torch
@@ -36,9 +39,7 @@ from .._compat.transformers import (
 from .batch_scheduler import decode_batch
 from .draft_policy import DraftPolicy
 from .generate_arguments import (
-    REFUSE_SUFFIX,
     check_generation_config,
-    check_integer_ids,
     check_left_padding,
     check_token_ids,
     eos_token_ids,
@@ -55,6 +56,13 @@ from .refusion_generation_config import (
 from .sequence_state import DecodingSettings, SequenceState
 
 DEFAULT_BATCH_ROWS = 16  # `generate_batch`: requests decoded at once unless `max_requests_per_batch` says
+
+
+# Stock generate's named arguments between `generation_config` and `custom_generate` (all None by default).
+STOCK_ARGUMENTS = (
+    "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus", "assistant_model", "streamer",
+    "negative_prompt_ids", "negative_prompt_attention_mask",
+)  # fmt: skip
 
 
 def refusion_generate(
@@ -74,7 +82,6 @@ def refusion_generate(
 ):
     """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments."""
     stock_arguments = dict(
-        generation_config=generation_config,
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
@@ -84,45 +91,43 @@ def refusion_generate(
         negative_prompt_ids=negative_prompt_ids,
         negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
-    return _generate(model, inputs, stock_arguments, custom_generate, kwargs)
+    return generate_steps(model, inputs, generation_config, stock_arguments, custom_generate, kwargs)
 
 
-def _generate(model, inputs, stock_arguments: dict, custom_generate, kwargs: dict, max_rows=None, on_finish=None):
-    """`refusion_generate` in numbered steps, as `GenerationMixin.generate`. `stock_arguments`: its named arguments
-    from `generation_config` to `negative_prompt_attention_mask`; `kwargs`: the rest. `max_rows` / `on_finish`:
-    continuous batching for `refusion_generate_batch` (`decode_batch`'s arguments of those names)."""
-    # 1. Another decoding method (`custom_generate=`, or drafts asked of this model by stock assisted decoding,
-    #    which scores them token by token, so they are drafted left to right): stock generate makes the whole call.
-    if custom_generate is not None:
-        return GenerationMixin.generate(model, inputs, custom_generate=custom_generate, **stock_arguments, **kwargs)
-    kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
-    generation_config = stock_arguments["generation_config"]
-    check_generation_config(generation_config)
-    if getattr(generation_config, "is_assistant", False):
-        return GenerationMixin.generate(model, inputs, **stock_arguments, **kwargs)
+def generate_steps(model, inputs, generation_config, stock_arguments: dict, custom_generate, kwargs: dict, **batching):
+    """`refusion_generate` in numbered steps, as `GenerationMixin.generate`. `stock_arguments`: its `STOCK_ARGUMENTS`;
+    `kwargs`: the rest. `batching`: `decode_batch`'s `max_rows` / `on_finish`, for `refusion_generate_batch`."""
+    # 1. The decoding method, decided once (stock generate's step 0 loads `custom_generate` the same way): stock
+    #    generate makes the whole call for `custom_generate=`, for `decoding="autoregressive"` and for drafts asked of
+    #    this model by stock assisted decoding (`is_assistant`: it scores them token by token, so they are drafted
+    #    left to right).
+    config = model_kwargs = None
+    assisting = getattr(generation_config, "is_assistant", False)
+    if custom_generate is None:
+        check_generation_config(generation_config)
+        kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
+        if not assisting:  # the generation config, merged as stock generate merges it
+            config, model_kwargs = merge_generation_config(model, generation_config, kwargs)
+    if config is None or config.decoding == "autoregressive":
+        stock_arguments = dict(generation_config=generation_config, custom_generate=custom_generate, **stock_arguments)
+        return stock_generate(model, inputs, stock_arguments, kwargs, config, model_kwargs)
 
-    # 2. The generation config, merged as stock generate merges it; `decoding="autoregressive"` is stock generate's.
+    # 2. The prompts (BOS without any, as in stock generate); refuse every argument ReFusion decoding cannot honour.
+    input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    if input_ids is None:
+        input_ids = bos_prompts(model, config, model_kwargs, attention_mask)
+    check_token_ids(input_ids, attention_mask, config, model.get_input_embeddings().num_embeddings)
+    tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
+    refuse_unsupported(config, model_kwargs, stock_arguments)
+
+    # 3. Special tokens, the attention mask (inferred from padding when none is given) and lengths: stock preparation.
     has_default_max_length, has_default_min_length = (
         kwargs.get(name) is None
         and (generation_config is None or getattr(generation_config, name) is None)
         and getattr(model.generation_config, name, None) is None
         for name in ("max_length", "min_length")
     )
-    config, model_kwargs = merge_generation_config(model, generation_config, kwargs)
-    input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
-    attention_mask = model_kwargs.pop("attention_mask", None)
-    vocab_size = model.get_input_embeddings().num_embeddings
-    if config.decoding == "autoregressive":
-        return _autoregressive_generate(
-            model, input_ids, attention_mask, config, vocab_size, stock_arguments, kwargs, model_kwargs
-        )
-
-    # 3. Validate the inputs and refuse every argument ReFusion decoding cannot honour.
-    check_token_ids(input_ids, attention_mask, config, vocab_size)
-    tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
-    refuse_unsupported(config, model_kwargs, stock_arguments)
-
-    # 4. Special tokens, the attention mask (inferred from padding when none is given) and lengths: stock preparation.
     device = model.device
     input_ids = input_ids.to(device)
     width = input_ids.shape[1]
@@ -130,7 +135,7 @@ def _generate(model, inputs, stock_arguments: dict, custom_generate, kwargs: dic
     attention_mask = check_left_padding(input_ids, attention_mask.to(device), config)
     config = prepare_generated_length(model, config, has_default_max_length, has_default_min_length, input_ids)
 
-    # 5. The decoder's settings, drafting under the logits processors, and the stopping criteria.
+    # 4. The decoder's settings, drafting under the logits processors, and the stopping criteria.
     prompt_lengths = attention_mask.sum(1).tolist()  # left padding: each row's prompt is its last n tokens
     settings = decoding_settings(model, config, width, max(prompt_lengths))
     pad_token_id = settled_pad_token_id(config)
@@ -140,44 +145,34 @@ def _generate(model, inputs, stock_arguments: dict, custom_generate, kwargs: dic
         attention_mask = attention_mask.repeat_interleave(repeats, dim=0)
     policy = draft_policy(model, config, settings, input_ids, attention_mask)
     stopping = prefix_stopping(model, config, stock_arguments["stopping_criteria"], tokenizer, input_ids, pad_token_id)
-    if stopping is not None and max_rows is not None:
-        raise ValueError(
-            "`generate_batch` cannot apply stopping criteria, `stop_strings` or `max_time` (they are called for the "
-            "whole batch at once, and a continuous batch changes as requests come and go): cut the answers "
-            "afterwards, or use `generate()`."
-        )
 
-    # 6. Decode each row's prompt (the last `prompt_length` tokens of its padded row), streaming batch-1 calls.
+    # 5. Decode each row's prompt (the last `prompt_length` tokens of its padded row), streaming batch-1 calls.
     stream = _StreamForwarder.start(stock_arguments["streamer"], input_ids)
     row_lengths = [n for n in prompt_lengths for _ in range(repeats)]  # as input_ids.repeat_interleave
     prompts = [row[width - n :] for row, n in zip(input_ids, row_lengths)]
+    on_step = stream.on_step if stream is not None else None
     result = decode_batch(
-        model,
-        prompts,
-        settings,
-        pad_token_id,
-        policy=policy,
-        stopping=stopping,
-        on_step=stream.on_step if stream is not None else None,
-        max_rows=max_rows,
-        on_finish=on_finish,
+        model, prompts, settings, pad_token_id, policy=policy, stopping=stopping, on_step=on_step, **batching
     )
     if stream is not None:
         stream.finish()
 
-    # 7. The output: the padded prompts and answers, or a `RefusionGenerationOutput` with the decoding's counts.
+    # 6. The output: the padded prompts and answers, or a `RefusionGenerationOutput` with the decoding's counts.
     return generation_output(config, input_ids, result)
 
 
-def _autoregressive_generate(
-    model, input_ids, attention_mask, config, vocab_size, stock_arguments: dict, kwargs: dict, model_kwargs: dict
-):
-    """`decoding="autoregressive"`: stock generate, after the argument checks that turn its TypeErrors and
-    IndexErrors into ValueErrors, but none of ReFusion's own requirements (input_ids, a mask token, an EOS, special
-    ids >= 0, left padding). ReFusion knobs mean nothing to left-to-right decoding and are dropped; the prompt goes
-    in positionally."""
-    if input_ids is not None or "inputs_embeds" not in model_kwargs:
-        check_token_ids(input_ids, attention_mask, config, vocab_size)
+def stock_generate(model, inputs, stock_arguments: dict, kwargs: dict, config, model_kwargs):
+    """Stock `GenerationMixin.generate` makes the whole call (`stock_arguments`: its named arguments). For
+    `custom_generate=` and assisted drafting (`config` None) with the arguments as given; for
+    `decoding="autoregressive"` after the argument checks that turn its TypeErrors and IndexErrors into
+    ValueErrors, but none of ReFusion's own requirements (a mask token, an EOS, special ids >= 0, left padding).
+    ReFusion knobs mean nothing to left-to-right decoding and are dropped; the prompt goes in positionally (without
+    one, stock starts from `inputs_embeds` or from BOS)."""
+    if config is None:
+        return GenerationMixin.generate(model, inputs, **stock_arguments, **kwargs)
+    input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    check_token_ids(input_ids, attention_mask, config, model.get_input_embeddings().num_embeddings)
     dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
     stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
     if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
@@ -187,6 +182,20 @@ def _autoregressive_generate(
     if attention_mask is not None:
         stock_kwargs["attention_mask"] = attention_mask
     return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
+
+
+def bos_prompts(model, config, model_kwargs: dict, attention_mask) -> torch.LongTensor:
+    """Stock `_maybe_initialize_input_ids_for_generation` for ReFusion decoding, which decodes from token ids: one
+    BOS per row (rows as in `attention_mask`, else 1) when no prompt is given."""
+    if "inputs_embeds" in model_kwargs:
+        raise ValueError(
+            "ReFusion decoding needs `input_ids` (the prompts as token ids: its decoder feeds prompts and canvases "
+            "as tokens); `inputs_embeds` alone works with `decoding='autoregressive'`."
+        )
+    if config.bos_token_id is None:
+        raise ValueError("`bos_token_id` has to be defined when no `input_ids` are provided.")
+    rows = attention_mask.shape[0] if torch.is_tensor(attention_mask) and attention_mask.dim() > 0 else 1
+    return torch.full((rows, 1), config.bos_token_id, dtype=torch.long, device=model.device)
 
 
 def prefix_stopping(model, config, stopping_criteria, tokenizer, input_ids, pad_token_id) -> PrefixStopping | None:
@@ -218,129 +227,6 @@ def generation_output(config, input_ids: torch.LongTensor, result) -> torch.Long
         chosen_slots=result.chosen_slots,
         revised_tokens=torch.tensor(result.revised_tokens, dtype=torch.long),
     )
-
-
-def refusion_generate_batch(
-    model,
-    inputs: list[list[int]],
-    generation_config: GenerationConfig | None = None,
-    continuous_batching_config=None,
-    record_timestamps: bool = False,
-    progress_bar: bool = False,
-    persistent_manager: bool = False,
-    warmup: bool = True,
-    **kwargs,
-) -> dict:
-    """`model.generate_batch(...)` with ReFusion decoding: transformers' continuous-batching interface (a list of
-    prompts in, `{"req_0": GenerationOutput, ...}` out in input order) on the ragged-cache decoder. At most
-    `continuous_batching_config.max_requests_per_batch` requests (default `DEFAULT_BATCH_ROWS`) decode at once;
-    when one finishes, the next takes its place. Generation-config fields and keyword overrides mean what they
-    mean in `generate()`; `decoding="autoregressive"` hands the call to transformers' own `generate_batch`.
-    `warmup` has nothing to do here (no CUDA graphs are captured). Refused: `record_timestamps` (tokens are
-    committed out of order), `persistent_manager` (there is no background manager), the paged-cache fields of
-    `continuous_batching_config`, and stopping criteria (see `decode_batch`)."""
-    from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
-
-    check_generation_config(generation_config)
-    config, _ = merge_generation_config(model, generation_config, dict(kwargs))
-    if config.decoding == "autoregressive":
-        stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "preset")}
-        ignored = sorted(set(stock_kwargs) - {"max_new_tokens"})
-        if ignored:  # transformers' generate_batch reads only `max_new_tokens` from its keyword arguments
-            raise ValueError(
-                f"`generate_batch(decoding='autoregressive')` would ignore {ignored}: transformers' own "
-                "generate_batch reads only `max_new_tokens` as a keyword; put the rest in `generation_config`."
-            )
-        return GenerationMixin.generate_batch(
-            model, inputs, generation_config, continuous_batching_config, record_timestamps, progress_bar,
-            persistent_manager, warmup, **stock_kwargs,
-        )  # fmt: skip
-    lengths = [n for n in ("max_length", "min_length") if kwargs.get(n) is not None]
-    if generation_config is not None:
-        lengths += [n for n in ("max_length", "min_length") if getattr(generation_config, n, None) is not None]
-    if lengths:
-        raise ValueError(
-            f"`generate_batch` takes lengths per request: `{lengths[0]}` would count a padded prompt that requests "
-            "do not have; pass `max_new_tokens` / `min_new_tokens`."
-        )
-    given = [n for n in ("stop_strings", "max_time") if getattr(config, n, None) is not None]
-    given += [n for n in ("stopping_criteria", "streamer") if kwargs.get(n)]
-    if given:
-        raise ValueError(
-            f"`generate_batch` cannot apply `{given[0]}`: stopping criteria are called for the whole batch at once, "
-            "and a continuous batch changes as requests come and go (streamers follow one sequence); cut the "
-            "answers afterwards, or use `generate()`."
-        )
-    for name, value in (("record_timestamps", record_timestamps), ("persistent_manager", persistent_manager)):
-        if value:
-            raise ValueError(f"`generate_batch({name}=True)` is not supported by ReFusion decoding; {REFUSE_SUFFIX}")
-    rows = DEFAULT_BATCH_ROWS
-    if continuous_batching_config is not None:
-        default = type(continuous_batching_config)()
-        for name, value in vars(continuous_batching_config).items():
-            if name != "max_requests_per_batch" and value != getattr(default, name, value):
-                raise ValueError(
-                    f"`continuous_batching_config.{name}` configures transformers' paged cache, which ReFusion "
-                    "decoding does not use: leave it unset (`max_requests_per_batch` sets the rows decoded at once)."
-                )
-        rows = continuous_batching_config.max_requests_per_batch or rows
-    if not isinstance(inputs, (list, tuple)) or not inputs:
-        raise ValueError("`inputs` must be a non-empty list of prompts, each a list of token ids.")
-    prompts = []
-    for index, prompt in enumerate(inputs):
-        try:
-            ids = torch.as_tensor(list(prompt))
-        except (TypeError, ValueError, RuntimeError):  # not a sequence, not numbers, or beyond int64
-            ids = None
-        if ids is None or ids.ndim != 1 or ids.numel() == 0:
-            raise ValueError("every prompt of `inputs` must be a non-empty list of token ids.")
-        check_integer_ids(f"inputs[{index}]", ids)  # as generate() checks `input_ids`
-        prompts.append(ids.long())
-    pad = config.pad_token_id if config.pad_token_id is not None else eos_token_ids(config)[0]
-    width = max(p.numel() for p in prompts)
-    input_ids = torch.full((len(prompts), width), int(pad), dtype=torch.long)
-    attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - prompt.numel() :], attention_mask[row, width - prompt.numel() :] = prompt, 1
-    progress = None
-    if progress_bar:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=len(prompts), desc=f"Solving {len(prompts)} requests", unit="request")
-    # `generate()` of the padded prompts with decode_batch's continuous-batching arguments: the keyword arguments
-    # bound to `refusion_generate`'s parameters exactly as a call of it would bind them.
-    call = inspect.signature(refusion_generate).bind(
-        model, input_ids, generation_config=generation_config, attention_mask=attention_mask,
-        return_dict_in_generate=True, **kwargs,
-    )  # fmt: skip
-    call.apply_defaults()
-    stock_arguments = dict(call.arguments)
-    names = ("model", "inputs", "custom_generate", "kwargs")
-    _, padded, custom_generate, extra = (stock_arguments.pop(name) for name in names)
-    output = _generate(
-        model,
-        padded,
-        stock_arguments,
-        custom_generate,
-        extra,
-        max_rows=rows,
-        on_finish=(lambda index, sequence: progress.update(1)) if progress is not None else None,
-    )
-    if progress is not None:
-        progress.close()
-    results = {}
-    repeats = output.sequences.shape[0] // len(prompts)  # num_return_sequences
-    for row in range(output.sequences.shape[0]):
-        prompt, child = divmod(row, repeats)
-        request_id = f"req_{prompt}" if child == repeats - 1 else f"req_{prompt}__child#{child}"
-        length = int(output.answer_lengths[row])
-        results[request_id] = GenerationOutput(
-            request_id=request_id,
-            prompt_ids=list(inputs[prompt]),
-            generated_tokens=output.sequences[row, width : width + length].tolist(),
-            status=RequestStatus.FINISHED,
-        )
-    return results
 
 
 # ----------------------------------------------------------------------------------------------- preparation

@@ -3,10 +3,11 @@
 Each ReFusion knob is declared once, as a `DecodingKnob` in `KNOBS` (its type, default, value range and help, as
 TRL's configs declare theirs with `dataclasses.field(metadata={"help": ...})`). Everything else is derived from
 that declaration: the config's attributes (`__init__`), its defaults (`_get_default_generation_params`), the type
-and range checks (`check_argument_types`, `validate`), the knobs' section of the class docstring, the values the
-decoder takes (`decoding_knob_values`, for `DecodingSettings`), the commands' flags
+and range checks (`check_argument_types`, `validate`), the knobs' section of the class docstring, the decoder's
+`DecodingSettings` (its fields, and their values: `decoding_knob_values`), the commands' flags
 (`command_inputs.add_decoding_arguments`) and the model card's table (`hub_card.card`). Adding a knob is adding
-one `DecodingKnob`.
+one `DecodingKnob`. Of the stock fields, the config declares only which ReFusion decoding honours (the whitelist
+`honoured_fields`) and the values they take, from `stock_fields.STOCK_FIELDS`.
 
 transformers' `GenerationConfig` does the rest: every stock field, `update`, saving and loading, its own
 validation (which runs after the type checks added here) and its default values (`_get_default_generation_params`,
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 import torch
@@ -28,13 +29,11 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from .._compat.transformers import original_object_hash, set_original_object_hash, stock_default_generation_params
+from .stock_fields import HONOURED_FIELDS, NEVER_ID, check_stock_types, is_int, is_number, stock_value_error
 
 # Tokens per serial block when `block_size` is unset: inside the 32-128 range the paper reports as robust
 # (appendix C.7), and fixed, so a step's cost does not grow with `max_new_tokens`.
 DEFAULT_BLOCK_SIZE = 128
-# Stock generate accepts negative special ids (transformers' own tests pass -1 for "never stop", "no padding"): the
-# lowest id `decoding="autoregressive"` accepts. ReFusion decoding needs real ids (>= 0).
-NEVER_ID = -1
 
 
 @dataclass(frozen=True)
@@ -67,15 +66,15 @@ class DecodingKnob:
     def type_error(self, value, lowest_id: int = 0) -> str | None:
         """What a value of the right type is, when `value` (not None) is not one: "an integer", "True or False"..."""
         if self.token_id:
-            return None if _is_int(value) and value >= lowest_id else f"a token id (an integer >= {lowest_id})"
+            return None if is_int(value) and value >= lowest_id else f"a token id (an integer >= {lowest_id})"
         if self.choices is not None:
             return None if isinstance(value, str) else f"one of {self.choices}"
         if self.type is bool:
             return None if isinstance(value, bool) else "True or False"
         if self.type is int:
-            return None if _is_int(value) else "an integer"
+            return None if is_int(value) else "an integer"
         if self.type is float:
-            if not _is_number(value):
+            if not is_number(value):
                 return "a number"
             return "a number, not NaN" if math.isnan(value) else None
         return None if isinstance(value, str) else "a string"
@@ -213,6 +212,39 @@ def decoding_knob_values(config: GenerationConfig) -> dict[str, Any]:
     return values
 
 
+def _settings_field(knob: DecodingKnob) -> tuple:
+    """`DecodingSettings`' field for a knob the decoder reads: required when an unset knob is resolved at the call
+    (`resolve_unset`, token ids), else defaulting to the knob's default (None included: `remask_threshold` off)."""
+    required = knob.resolve_unset is not None or knob.token_id
+    kind = knob.type if knob.default is not None or required else knob.type | None
+    metadata = {"help": knob.help}
+    return knob.name, kind, field(metadata=metadata) if required else field(default=knob.default, metadata=metadata)
+
+
+def _canvas_length(self) -> int:
+    """`max_new_tokens` rounded up to a multiple of `slot_size`."""
+    return -(-self.max_new_tokens // self.slot_size) * self.slot_size
+
+
+def _num_blocks(self) -> int:
+    return -(-self.canvas_length // self.block_size)
+
+
+# What the decoder reads (`batch_scheduler.decode_batch` and its stages): the `in_settings` knobs, resolved by
+# `decoding_knob_values`, plus the answer's length and end from the stock fields (keyword arguments only).
+DecodingSettings = make_dataclass(
+    "DecodingSettings",
+    [
+        ("max_new_tokens", int, field(metadata={"help": "Tokens returned per sequence at most."})),
+        ("eos_token_ids", tuple[int, ...], field(metadata={"help": "Every id that ends an answer."})),
+        *(_settings_field(knob) for knob in KNOBS if knob.in_settings),
+    ],
+    namespace={"canvas_length": property(_canvas_length), "num_blocks": property(_num_blocks), "__module__": __name__},
+    frozen=True,
+    kw_only=True,
+)
+
+
 # The authors' per-task evaluation settings (their eval.sh: generation length 512, the canvas cut into N serial
 # blocks, so block_size = 512 / N). `generate(..., preset=NAME)`, `RefusionGenerationConfig.from_preset(NAME)`,
 # `refusion eval --preset`, `refusion lm-eval --model refusion --model_args preset=NAME`.
@@ -238,18 +270,20 @@ def preset_settings(name: str) -> dict[str, Any]:
 class RefusionGenerationConfig(GenerationConfig):
     r"""
     A [`GenerationConfig`] with the parameters of ReFusion's plan-and-infill decoding. Every stock field keeps
-    its meaning (docs/generate_arguments.md says how ReFusion decoding honours each one); the fields listed below
-    (declared in `KNOBS`) are added, and like stock fields they are `None` (unset) until the call, the passed
-    config, the model's generation config or their defaults give them a value.
+    its meaning; ReFusion decoding honours those in `honoured_fields` (listed below) and refuses the others with a
+    `ValueError` naming them when they are set (but inert ones; `stock_fields.STOCK_FIELDS`, and
+    docs/generate_arguments.md, say which and why), while `decoding="autoregressive"` is stock generate with every
+    field. The knobs listed below (declared in `KNOBS`) are added, and like stock fields they are `None` (unset)
+    until the call, the passed config, the model's generation config or their defaults give them a value.
 
     Sampling follows stock semantics: `do_sample=True` draws every draft (plan and infill) from the distribution
     shaped by transformers' logits warpers (`temperature`, `top_k`, `top_p`, `min_p`, ...); `do_sample=False` is
     greedy whatever `temperature` says. Confidences (slot scores, verification) are always the model's own
     probabilities after the hard constraints (`suppress_tokens`, `bad_words_ids`, `min_new_tokens`, ...).
 
-    ReFusion's fields:
-
     """
+
+    honoured_fields: tuple[str, ...] = HONOURED_FIELDS  # the stock fields ReFusion decoding honours (the whitelist)
 
     def __init__(self, **kwargs):
         for knob in KNOBS:
@@ -301,26 +335,28 @@ class RefusionGenerationConfig(GenerationConfig):
             message = knob.value_error(self)
             if message is not None:
                 raise ValueError(message)
-        if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"`temperature` must be >= 0, got {self.temperature!r}.")
+        message = stock_value_error(self)
+        if message is not None:
+            raise ValueError(message)
         if self.do_sample and self.temperature is not None and 0 < self.temperature < MIN_SAMPLING_TEMPERATURE:
             raise ValueError(
                 f"`temperature` {self.temperature!r} is too small to sample at (the scaled logits overflow); pass "
                 "`do_sample=False` for greedy decoding, the limit of sampling as the temperature goes to 0."
             )
-        # Ranges the stock warpers check only when they are built (and stock skips building some, e.g. top_p > 1).
-        for name, low, high in _PROBABILITY_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not low <= value <= high:
-                raise ValueError(f"`{name}` must be in [{low}, {high}], got {value!r}.")
-        for name, low in _LOWER_BOUNDS.items():
-            if getattr(self, name, None) is not None and getattr(self, name) < low:
-                raise ValueError(f"`{name}` must be >= {low}, got {getattr(self, name)!r}.")
 
 
-# The knobs' section of the docstring (so `help(RefusionGenerationConfig)` documents them), from their declaration.
-RefusionGenerationConfig.__doc__ = RefusionGenerationConfig.__doc__.rstrip(" ") + "".join(
-    knob.doc_entry() for knob in KNOBS
+# The honoured stock fields and the knobs' section of the docstring (so `help(RefusionGenerationConfig)` documents
+# them), from their declarations.
+RefusionGenerationConfig.__doc__ = (
+    RefusionGenerationConfig.__doc__.rstrip(" ")
+    + textwrap.fill(
+        "Stock fields honoured by ReFusion decoding: " + ", ".join(f"`{name}`" for name in HONOURED_FIELDS) + ".",
+        width=116,
+        initial_indent=" " * 4,
+        subsequent_indent=" " * 4,
+    )
+    + "\n\n    ReFusion's fields:\n\n"
+    + "".join(knob.doc_entry() for knob in KNOBS)
 )
 
 
@@ -332,105 +368,19 @@ def sampling_arguments(temperature: float | None) -> dict[str, Any]:
     return {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
 
 
-# ------------------------------------------------------------------------------------------- argument types
-# Stock validation checks values, not types: `temperature='1'` or `max_new_tokens=True` would reach a comparison
-# (TypeError) or be taken as 1. Every stock field that ReFusion decoding or these checks read is typed here (the
-# knobs by their declaration).
-_INTEGER_FIELDS = (
-    "max_new_tokens", "max_length", "min_new_tokens", "min_length", "top_k", "num_return_sequences", "num_beams",
-    "no_repeat_ngram_size", "prompt_lookup_num_tokens",
-)  # fmt: skip
-_NUMBER_FIELDS = (
-    "temperature", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
-    "max_time", "guidance_scale", "length_penalty",
-)  # fmt: skip
-_BOOLEAN_FIELDS = (
-    "do_sample", "return_dict_in_generate", "use_cache", "output_scores", "output_logits",
-    "output_attentions", "output_hidden_states", "remove_invalid_values", "renormalize_logits", "token_healing",
-)  # fmt: skip
-_TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "forced_bos_token_id", "forced_eos_token_id")
-_TOKEN_LIST_FIELDS = ("suppress_tokens", "begin_suppress_tokens")
 MIN_SAMPLING_TEMPERATURE = 1e-4
-
-# Lower bounds that stock validation leaves unchecked (a negative count reaches a tensor op as a RuntimeError).
-_LOWER_BOUNDS = {
-    "top_k": 0, "max_time": 0, "num_return_sequences": 1, "num_beams": 1, "max_length": 1, "min_length": 0,
-    "min_new_tokens": 0, "no_repeat_ngram_size": 0, "prompt_lookup_num_tokens": 0,
-}  # fmt: skip
-_PROBABILITY_FIELDS = (
-    ("top_p", 0.0, 1.0), ("min_p", 0.0, 1.0), ("top_h", 0.0, 1.0), ("typical_p", 0.0, 1.0),
-    ("epsilon_cutoff", 0.0, 1.0), ("eta_cutoff", 0.0, 1.0),
-)  # fmt: skip
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-_TYPED_FIELDS = (
-    (_INTEGER_FIELDS, _is_int, "an integer"),
-    (_NUMBER_FIELDS, _is_number, "a number"),
-    (_BOOLEAN_FIELDS, lambda value: isinstance(value, bool), "True or False"),
-)
 
 
 def check_argument_types(config: GenerationConfig) -> None:
-    """`ValueError` naming the first field whose value has the wrong type (None always passes). Token ids are
-    integers >= 0; with `decoding="autoregressive"` special ids may be negative, as stock generate allows."""
-
-    def fail(name, expected):
-        raise ValueError(f"`{name}` must be {expected}, got {getattr(config, name)!r}.")
-
-    get = vars(config).get  # every field is an instance attribute (GenerationConfig.__init__ sets them all)
-
-    lowest = NEVER_ID if get("decoding") == "autoregressive" else 0
-
+    """`ValueError` naming the first knob, then the first stock field (`stock_fields.STOCK_FIELDS`), whose value has
+    the wrong type (None always passes). Token ids are integers >= 0; with `decoding="autoregressive"` special ids
+    may be negative, as stock generate allows."""
+    lowest = NEVER_ID if getattr(config, "decoding", None) == "autoregressive" else 0
     for knob in KNOBS:
-        value = get(knob.name)
+        value = vars(config).get(knob.name)
         if value is not None and (expected := knob.type_error(value, lowest)) is not None:
-            fail(knob.name, expected)
-    for names, has_type, expected in _TYPED_FIELDS:
-        for name in names:
-            value = get(name)
-            if value is not None and not has_type(value):
-                fail(name, expected)
-    for name in _TOKEN_ID_FIELDS:
-        value = get(name)
-        if value is not None and not (_is_int(value) and value >= lowest):
-            fail(name, f"a token id (an integer >= {lowest})")
-    eos = get("eos_token_id")
-    if eos is not None and not (
-        (_is_int(eos) and eos >= lowest)
-        or (isinstance(eos, (list, tuple)) and all(_is_int(e) and e >= lowest for e in eos))
-    ):
-        fail("eos_token_id", "a token id or a flat list of token ids")
-    for name in _TOKEN_LIST_FIELDS:
-        value = get(name)
-        if value is not None and not (isinstance(value, (list, tuple)) and all(_is_int(t) and t >= 0 for t in value)):
-            fail(name, "a list of token ids")
-    bad_words = get("bad_words_ids")
-    if bad_words is not None and not (
-        isinstance(bad_words, (list, tuple))
-        and bad_words
-        and all(
-            isinstance(word, (list, tuple)) and word and all(_is_int(t) and t >= 0 for t in word) for word in bad_words
-        )
-    ):
-        fail("bad_words_ids", "a non-empty list of non-empty lists of token ids")
-    stops = get("stop_strings")
-    if stops is not None and not (
-        isinstance(stops, str)
-        or (isinstance(stops, (list, tuple)) and stops and all(isinstance(s, str) for s in stops))
-    ):
-        fail("stop_strings", "a string or a list of strings")
-    for name in ("temperature", "top_p", "min_p", "typical_p", "max_time"):
-        value = get(name)
-        if value is not None and math.isnan(value):
-            fail(name, "a number, not NaN")
+            raise ValueError(f"`{knob.name}` must be {expected}, got {value!r}.")
+    check_stock_types(config, lowest)
 
 
 @dataclass

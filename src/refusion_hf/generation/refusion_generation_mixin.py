@@ -1,7 +1,8 @@
 """`RefusionGenerationMixin.generate()`: ReFusion decoding behind Hugging Face's `generate()` contract.
 
 The whole call is `refusion_generate` (refusion_generate.py), shared with the `custom_generate/generate.py` that
-gives stock Qwen3 models the same decoding; the algorithm lives in `batch_scheduler.py` and its stages.
+gives stock Qwen3 models the same decoding, and `generate_batch` is `refusion_generate_batch` (generate_batch.py);
+the algorithm lives in `batch_scheduler.py` and its stages.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .refusion_generate import refusion_generate, refusion_generate_batch
+from .generate_batch import refusion_generate_batch
+from .refusion_generate import refusion_generate
 
 
 class RefusionGenerationMixin:
@@ -39,7 +41,9 @@ class RefusionGenerationMixin:
         that names it (docs/generate_arguments.md has the table).
 
         Args:
-            inputs / input_ids (`torch.LongTensor` of shape `(batch_size, prompt_length)`): prompts, left-padded.
+            inputs / input_ids (`torch.LongTensor` of shape `(batch_size, prompt_length)`): prompts, left-padded;
+                without them (and without `inputs_embeds`), each row starts from `bos_token_id`, as in stock
+                `generate` (one row, or as many as `attention_mask` has).
             attention_mask (`torch.LongTensor` of the same shape, *optional*): 1 for prompt tokens, 0 for left
                 padding. Right padding is rejected.
             generation_config (`GenerationConfig`, *optional*): merged with the model's generation config as stock
@@ -48,8 +52,8 @@ class RefusionGenerationMixin:
                 `tokenizer=`), `max_time`: applied to the final left-to-right answer as it grows, token by token.
             streamer (`BaseStreamer`, *optional*): receives the prompt, then each piece of the answer as soon as
                 every position before it is final (`put`); if it has `put_draft`, also the current drafts.
-            kwargs: generation-config fields (stock ones and `slot_size`, `block_size`, `slot_threshold`,
-                `token_threshold`, `plan_ahead`, `mask_token_id`, `decoding`), `tokenizer`, `attention_mask`.
+            kwargs: generation-config fields (stock ones and ReFusion's knobs: [`RefusionGenerationConfig`]
+                documents both, from their declarations), `preset`, `tokenizer`, `attention_mask`.
 
         Returns:
             `torch.LongTensor` of shape `(batch_size * num_return_sequences, prompt_length + longest answer)`,
@@ -91,8 +95,10 @@ class RefusionGenerationMixin:
         `continuous_batching_config.max_requests_per_batch` requests (default 16) decode at once in the ragged
         cache; as soon as one finishes, the next takes its place. Every request decodes as it would alone.
         Generation-config fields and keyword arguments mean what they mean in `generate()`; stopping criteria,
-        `stop_strings` and `max_time` are refused (cut the answers afterwards), as are `record_timestamps` and
-        `persistent_manager`. `decoding="autoregressive"` runs transformers' own `generate_batch`.
+        `stop_strings` and `max_time` are refused (cut the answers afterwards), as are `record_timestamps`,
+        `persistent_manager` and what the prompts list stands for (`input_ids`, `inputs_embeds`, `attention_mask`,
+        `return_dict_in_generate`, `custom_generate`). `decoding="autoregressive"` runs transformers' own
+        `generate_batch`.
         """
         return refusion_generate_batch(
             self,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .draft_policy import DraftPolicy
+from .refusion_generation_config import DecodingSettings  # declared there, derived from `KNOBS`
 
 MAX_REVISIONS = 2  # with `remask_threshold`: a position is remasked at most this many times, so decoding ends
 INITIAL_CANVAS = 256  # positions the canvas starts with (fewer when it is shorter): short answers never grow it
@@ -31,27 +32,6 @@ class Stage(enum.Enum):
     INFILL_VERIFY = "infill_verify"  # each unfinished chosen slot verifies its drafts autoregressively
     REVISE = "revise"  # with `remask_threshold`: re-score the block's written slots; remask low tails (revision.py)
     DONE = "done"
-
-
-@dataclass(frozen=True)
-class DecodingSettings:
-    max_new_tokens: int  # L: tokens returned per sequence
-    slot_size: int  # k
-    block_size: int  # b: tokens per serial block, a multiple of k
-    slot_threshold: float
-    token_threshold: float
-    mask_token_id: int
-    eos_token_ids: tuple[int, ...]
-    plan_ahead: bool = True  # run the next plan inside verification forwards (plan_and_verify.py)
-    remask_threshold: float | None = None  # revise written tokens below this probability (revision.py); None: off
-
-    @property
-    def canvas_length(self) -> int:  # L rounded up to a multiple of k
-        return -(-self.max_new_tokens // self.slot_size) * self.slot_size
-
-    @property
-    def num_blocks(self) -> int:
-        return -(-self.canvas_length // self.block_size)
 
 
 @dataclass
