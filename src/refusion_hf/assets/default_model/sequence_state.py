@@ -38,7 +38,7 @@ INITIAL_CANVAS = 256  # positions the canvas starts with (fewer when it is short
 
 
 class Stage(enum.Enum):
-    """Where a sequence is in its planning iteration; `stages.STAGES` maps each (but DONE) to its unit."""
+    """Where a sequence is in its planning iteration; `stages.units` gives the unit serving each (but DONE)."""
 
     PLAN = "plan"  # one forward of the block's undecoded slots (masks): drafts + slot scores; choose slots
     VERIFY = "verify"  # one forward of the chosen drafts in position order: commit whole slots, else infill
@@ -372,22 +372,13 @@ class SequenceState:
         n = len(slots)
         rows = torch.tensor([[slot * k + j for j in range(k)] for slot in slots], device=self.device)
         rescored = remask.probs[[remask.rescored_slots.index(slot) for slot in slots]]  # [n, k]
-        self.chosen = ChosenSlots(
-            slots=slots,
-            tokens=self.canvas[rows],  # [n, k]: each kept prefix and second opinion, then masks
-            draft_probs=rescored.clone(),  # as re-scored (infill's re-drafts overwrite the remasked tail)
-            confident=[False] * n,
-            ends=[False] * n,
-            verified=[verified for _, verified in infill],
-            cached=[0] * n,
-            pending=[0] * n,
-        )
+        # tokens [n, k]: each kept prefix and second opinion, then masks; draft probabilities as re-scored (infill's
+        # re-drafts overwrite the remasked tail)
+        verified = [verified for _, verified in infill]
+        self.chosen = ChosenSlots(slots, self.canvas[rows], rescored.clone(), [False] * n, [False] * n, verified)
+        self.chosen.cached, self.chosen.pending = [0] * n, [0] * n
         self.stage = Stage.INFILL_DRAFT
         return remask.kept
-
-    def _close(self, close: CloseBlock) -> Kept:
-        self.context = None
-        return self._close_block(close.kept)
 
     def _reserve(self, slots: list[int]) -> None:
         """Grow the canvas, its commit steps and written flags to hold `slots` (a block's, when it is entered):
@@ -464,8 +455,11 @@ class SequenceState:
             return kept
         return self._close_block(kept)
 
-    def _close_block(self, kept: Kept) -> Kept:
-        """The current block is decoded (and revised): its tokens are final; go on with the next block, or stop."""
+    def _close_block(self, kept: Kept, consumed: bool = False) -> Kept:
+        """The current block is decoded (and revised): its tokens are final; go on with the next block, or stop.
+        `consumed`: the context fed is cached."""
+        if consumed:
+            self.context = None
         if self.closed is not None:
             self.closed = self.block_positions()[1]
         self.stage = Stage.PLAN
@@ -490,6 +484,6 @@ _HANDLERS = {
     Redraft: SequenceState._redraft,
     InfillChecked: SequenceState._infill_checked,
     Remask: SequenceState._remask,
-    CloseBlock: SequenceState._close,
+    CloseBlock: lambda state, close: state._close_block(close.kept, consumed=True),
     StopAt: SequenceState._stop_at,
 }
