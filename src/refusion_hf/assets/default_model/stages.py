@@ -42,6 +42,7 @@ class Registration:
 
 REGISTRY: list[Registration] = []  # in registration order: a later registration wraps (or replaces) an earlier one
 _UNITS: dict[DecodingSettings, dict[Stage, StageUnit]] = {}  # resolved per settings (cleared by `register_stage`)
+_LAST: list = [None, None]  # the settings resolved last, and their units
 MAX_RESOLVED = 64  # settings resolved at once (a server may see many): beyond, the table starts again
 
 
@@ -53,6 +54,7 @@ def register_stage(stage: Stage, make: Callable[[StageUnit | None], StageUnit], 
     registration = Registration(stage, make, knob)
     REGISTRY.append(registration)
     _UNITS.clear()
+    _LAST[:] = None, None
     return registration
 
 
@@ -60,10 +62,14 @@ def unregister_stage(registration: Registration) -> None:
     """Undo `register_stage`."""
     REGISTRY.remove(registration)
     _UNITS.clear()
+    _LAST[:] = None, None
 
 
 def units(settings: DecodingSettings) -> dict[Stage, StageUnit]:
     """The unit serving each stage under `settings` (resolved once per settings)."""
+    last_settings, last = _LAST
+    if settings is last_settings:  # every row of a call shares one settings object: no hashing per step
+        return last
     resolved = _UNITS.get(settings)
     if resolved is None:
         resolved = {}
@@ -79,6 +85,7 @@ def units(settings: DecodingSettings) -> dict[Stage, StageUnit]:
         if len(_UNITS) >= MAX_RESOLVED:
             _UNITS.clear()
         _UNITS[settings] = resolved
+    _LAST[:] = settings, resolved
     return resolved
 
 
