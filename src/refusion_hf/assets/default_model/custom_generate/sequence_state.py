@@ -374,9 +374,8 @@ class SequenceState:
         rescored = remask.probs[[remask.rescored_slots.index(slot) for slot in slots]]  # [n, k]
         # tokens [n, k]: each kept prefix and second opinion, then masks; draft probabilities as re-scored (infill's
         # re-drafts overwrite the remasked tail)
-        verified = [verified for _, verified in infill]
-        self.chosen = ChosenSlots(slots, self.canvas[rows], rescored.clone(), [False] * n, [False] * n, verified)
-        self.chosen.cached, self.chosen.pending = [0] * n, [0] * n
+        prefixes, no = [prefix for _, prefix in infill], [False] * n
+        self.chosen = ChosenSlots(slots, self.canvas[rows], rescored.clone(), no, list(no), prefixes, [0] * n, [0] * n)
         self.stage = Stage.INFILL_DRAFT
         return remask.kept
 
