@@ -104,7 +104,7 @@ def decode_batch(
         queries = [step.fed.query for step in steps]
         logits = forward(model, cache, queries, pad_token_id)  # 2. one forward for every row
         context_width = max(q.num_context for q in queries)
-        examinations = examine_steps(steps, logits, [q.num_scored for q in queries])  # 3. one device-to-host read
+        examinations = examine_steps(steps, logits)  # 3. one device-to-host read
         spans = []
         for step, query, examination in zip(steps, queries, examinations):
             kept = finish_step(step, examination)  # 4. each row decides

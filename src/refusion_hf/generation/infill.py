@@ -22,9 +22,9 @@ from typing import NamedTuple
 import torch
 
 from .draft_policy import DraftPolicy
-from .plan_and_verify import with_lookahead
-from .sequence_state import Kept, Query, SequenceState, Stage
+from .sequence_state import Query, SequenceState, Stage
 from .stage_interface import ExaminedPart, StageQuery, StageUnit, accepted_run, after_context, causal
+from .transitions import Commit, InfillChecked, Kept, Redraft
 
 
 @dataclass(frozen=True)
@@ -125,34 +125,27 @@ class InfillDraftStage(StageUnit):
 
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
         state, feed = parts[0].state, parts[0].fed.layout
-        chosen = state.chosen
         scores = state.scores(logits[0, feed.scored], lambda: feed.target_positions(state))  # [m, V]
         proposals = state.policy.draw(scores)  # [m]: the masks, each predicting itself
-        chosen.tokens.view(-1)[feed.target_index] = proposals
         if not state.settings.plan_ahead:  # only planning ahead reads the draft probabilities
-            return torch.zeros(1, 0, dtype=torch.long, device=state.device), [None]
+            return torch.zeros(1, 0, dtype=torch.long, device=state.device), [(proposals, None)]
         probs = state.policy.token_probs(scores, proposals)
-        chosen.draft_probs.view(-1)[feed.target_index] = probs
         read = torch.cat([probs > state.settings.token_threshold, state.is_eos(proposals)])
-        return read.long()[None], [None]
+        return read.long()[None], [(proposals, probs)]
 
-    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
-        k, chosen = state.settings.slot_size, state.chosen
-        if state.settings.plan_ahead:
-            chosen.confident, chosen.ends = InfillDraftDecision.read(values, fed.layout, state)
+    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Redraft:
+        k, chosen, feed = state.settings.slot_size, state.chosen, fed.layout
+        proposals, probs = payload
+        confident, ends = InfillDraftDecision.read(values, feed, state) if probs is not None else (None, None)
         # The context (after a revision) is committed; the verified tokens this query fed (before each slot's
         # masks) stay in the cache, pending for their slot.
         context = fed.query.num_context
-        state.context = None
         runs = []
-        for offset, _, i in fed.layout.segments:
+        for offset, _, i in feed.segments:
             fed_tokens = chosen.verified[i] - chosen.cached[i]
             if fed_tokens:
                 runs.append((context + offset, fed_tokens, i * k + chosen.cached[i]))
-            chosen.pending[i] += fed_tokens
-            chosen.cached[i] = chosen.verified[i]
-        state.stage = Stage.INFILL_VERIFY
-        return Kept(context, tuple(runs))
+        return Redraft(Kept(context, tuple(runs)), feed.target_index, proposals, probs, confident, ends)
 
 
 # ------------------------------------------------------------------------------------------ INFILL_VERIFY
@@ -186,7 +179,7 @@ class InfillVerifyStage(StageUnit):
     stage = Stage.INFILL_VERIFY
 
     def query(self, state: SequenceState) -> StageQuery:
-        return with_lookahead(state, infill_query(state, drafting=False))
+        return infill_query(state, drafting=False)
 
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
         state, feed = parts[0].state, parts[0].fed.layout
@@ -197,43 +190,39 @@ class InfillVerifyStage(StageUnit):
         read = torch.cat([probs > state.settings.token_threshold, state.is_eos(tokens)])
         return read.long()[None], [None]
 
-    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
+    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> InfillChecked:
         k, chosen = state.settings.slot_size, state.chosen
         n = len(chosen.slots)
         verified, eos_in_slot = InfillVerifyDecision.read(values, fed.layout, state)
         ending = next((i for i in range(n) if eos_in_slot[i] < k), None)
         # What this query fed and verified stays in the cache for its slot (an ending slot's only up to its EOS;
         # nothing of the slots after it).
-        runs = []
+        runs, grown, pending = [], [], list(chosen.pending)
         for offset, _, i in fed.layout.segments:
             if ending is not None and i > ending:
                 break
             end = verified[i] if i != ending else min(verified[i], eos_in_slot[i] + 1)
             if end > chosen.cached[i]:
                 runs.append((offset, end - chosen.cached[i], i * k + chosen.cached[i]))
-                chosen.pending[i] += end - chosen.cached[i]
-                chosen.cached[i] = end
-        chosen.verified = verified
-        keep_below, discarded = None, 0
+                grown.append((i, end))
+                pending[i] += end - chosen.cached[i]
+        keep_below, discarded, own, complete = None, 0, 0, min(verified) == k
         if ending is not None:
             # This slot ends the answer: later chosen slots and later undecoded slots are discarded, and so are
             # the pending entries after the EOS (the slot's own, verified before the EOS was seen, included).
             keep_below = ending * k + eos_in_slot[ending] + 1
-            own = min(chosen.pending[ending], eos_in_slot[ending] + 1)
-            discarded = sum(chosen.pending[ending + 1 :]) + chosen.pending[ending] - own
-            chosen.pending[ending] = own
-            chosen.keep_first(ending + 1)
-            chosen.verified[ending] = chosen.cached[ending] = k  # complete: nothing more to feed
-            state.drop_after(chosen.slots[ending])
-        if min(chosen.verified) < k:
-            state.stage = Stage.INFILL_DRAFT
-            return Kept(0, tuple(runs), keep_below, discarded=discarded)
+            own = min(pending[ending], eos_in_slot[ending] + 1)
+            discarded = sum(pending[ending + 1 :]) + pending[ending] - own
+            complete = min(verified[:ending], default=k) == k  # the ending slot is complete
+        if not complete:
+            return InfillChecked(Kept(0, tuple(runs), keep_below, discarded=discarded), grown, verified, ending, own)
         # Every slot complete: append them in position order with the KV each computed on its own (this query's
         # kept tokens, a prefix of it, and the pending entries). Only the last one can hold an EOS (an earlier one
         # would have ended the answer), found in this round's read.
-        flat = chosen.tokens.flatten()
+        slots = chosen.slots if ending is None else chosen.slots[: ending + 1]
+        flat = chosen.tokens.flatten() if ending is None else chosen.tokens[: ending + 1].flatten()
         eos_at = None if ending is None else ending * k + eos_in_slot[ending]
         end = flat.shape[0] if eos_at is None else eos_at + 1
-        state.commit(chosen.slots, flat[:end], eos_at=eos_at)
         committed = sum(length for _, length, _ in runs)
-        return state.finish_iteration(Kept(committed, (), keep_below, promote=True, discarded=discarded))
+        kept = Kept(committed, (), keep_below, promote=True, discarded=discarded)
+        return InfillChecked(kept, grown, verified, ending, own, Commit(kept, slots, flat[:end], eos_at))

@@ -12,6 +12,7 @@ import torch
 from transformers import StoppingCriteriaList
 
 from .sequence_state import SequenceState, Stage
+from .transitions import StopAt
 
 
 class PrefixStopping:
@@ -44,4 +45,4 @@ class PrefixStopping:
             fired = fired.expand(len(sequences)) if fired.dim() == 0 else fired
             for row in fired.nonzero().flatten().tolist():
                 if self.checked < sequences[row].answer_length:
-                    sequences[row].stop_at(self.checked)
+                    sequences[row].apply(StopAt(self.checked))

@@ -39,8 +39,9 @@ from typing import NamedTuple
 import torch
 
 from .draft_policy import DraftPolicy
-from .sequence_state import MAX_REVISIONS, ChosenSlots, Kept, Query, SequenceState, Stage
+from .sequence_state import MAX_REVISIONS, Query, SequenceState, Stage
 from .stage_interface import ExaminedPart, StageQuery, StageUnit, after_context, causal, first_true
+from .transitions import CloseBlock, Kept, Remask, Transition
 
 
 @dataclass(frozen=True)
@@ -105,44 +106,12 @@ class ReviseStage(StageUnit):
         replacement = second.gather(1, first.clamp(max=k - 1)[:, None])[:, 0]  # [n]
         return torch.cat([first, replacement])[None], [probs]  # payload: the re-score's probabilities [n, k]
 
-    def decide(self, state: SequenceState, fed: StageQuery, probs: torch.Tensor, values: list[int]) -> Kept:
+    def decide(self, state: SequenceState, fed: StageQuery, probs: torch.Tensor, values: list[int]) -> Transition:
         k, layout = state.settings.slot_size, fed.layout
         decision = RevisionDecision.read(values)
-        num_context = fed.query.num_context
-        state.context = None
         cuts = [(slot, f, r) for slot, f, r in zip(layout.slots, decision.first, decision.replacement) if f < k]
         if not cuts:
-            return state.close_block(Kept(num_context))
-        state.step += 1
-        start, end = state.block_positions()
-        infill = []  # (slot, verified prefix)
-        for slot, first, replacement in cuts:
-            state.take_back(slot * k + first, (slot + 1) * k)
-            state.put(slot * k + first, replacement)
-            if first + 1 < k:
-                infill.append((slot, first + 1))
-        in_infill = {slot for slot, _ in infill}
-        kept = [p for p in range(start, min(end, len(state.written))) if state.written[p] and p // k not in in_infill]
-        index = torch.tensor(kept, dtype=torch.long, device=state.device)
-        state.context = state.canvas[index] if kept else None
-        state.context_positions = state.prompt_length + index
-        state.trace_chosen.append([slot * k for slot, _, _ in cuts])
-        if not infill:  # every revised slot is complete: re-score the block (its entries re-fed first), if any
-            kept = Kept(0, invalidate_from=state.prompt_length + start)  # slot may still be revised; else close it
-            return kept if state.revisable_slots() else state.close_block(kept)
-        slots = [slot for slot, _ in infill]
-        n = len(slots)
-        rows = torch.tensor([[slot * k + j for j in range(k)] for slot in slots], device=state.device)
-        rescored = probs[[layout.slots.index(slot) for slot in slots]]  # [n, k]
-        state.chosen = ChosenSlots(
-            slots=slots,
-            tokens=state.canvas[rows],  # [n, k]: each kept prefix and second opinion, then masks
-            draft_probs=rescored.clone(),  # as re-scored (infill's re-drafts overwrite the remasked tail)
-            confident=[False] * n,
-            ends=[False] * n,
-            verified=[verified for _, verified in infill],
-            cached=[0] * n,
-            pending=[0] * n,
-        )
-        state.stage = Stage.INFILL_DRAFT
-        return Kept(0, invalidate_from=state.prompt_length + start)
+            return CloseBlock(Kept(fed.query.num_context))
+        # Every entry of the block leaves the cache; the block's other tokens are re-fed (`SequenceState.apply`).
+        kept = Kept(0, invalidate_from=state.prompt_length + state.block_positions()[0])
+        return Remask(kept, cuts, probs, layout.slots)

@@ -1,10 +1,11 @@
 """The decoding state of one sequence: its canvas, what is written, the block and pool being decoded, the slots
 in flight, and the stage it is in (docs/design.md §3).
 
-This module owns the state and the operations every stage shares on it (committing slots, ending the answer at an
-EOS or a stopping criterion's cut, taking tokens back for a revision, closing a block and moving to the next). It
-does no model work: the stages (`stages.py`, `plan_and_verify.py`, `infill.py`, `revision.py`) build queries from
-this state and decide from the logits; the batch scheduler (`batch_scheduler.py`) runs the forwards.
+This module owns the state: `SequenceState.apply` executes the transitions the stages decide (transitions.py:
+choosing slots, committing them, entering and going on with infill, remasking, closing a block, stopping) and is
+the only code that writes it. It does no model work: the stages (`stages.py`, `plan_and_verify.py`, `infill.py`,
+`revision.py`, `plan_ahead.py`) build queries from this state and decide from the logits; the batch scheduler
+(`batch_scheduler.py`) runs the forwards.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -18,13 +19,26 @@ import torch
 
 from .draft_policy import DraftPolicy
 from .refusion_generation_config import DecodingSettings  # declared there, derived from `KNOBS`
+from .transitions import (
+    Choose,
+    CloseBlock,
+    Commit,
+    EnterInfill,
+    Forwarded,
+    InfillChecked,
+    Kept,
+    Redraft,
+    Remask,
+    StopAt,
+    Transition,
+)
 
 MAX_REVISIONS = 2  # with `remask_threshold`: a position is remasked at most this many times, so decoding ends
 INITIAL_CANVAS = 256  # positions the canvas starts with (fewer when it is shorter): short answers never grow it
 
 
 class Stage(enum.Enum):
-    """Where a sequence is in its planning iteration; `stages.STAGES` maps each (but DONE) to its unit."""
+    """Where a sequence is in its planning iteration; `stages.units` gives the unit serving each (but DONE)."""
 
     PLAN = "plan"  # one forward of the block's undecoded slots (masks): drafts + slot scores; choose slots
     VERIFY = "verify"  # one forward of the chosen drafts in position order: commit whole slots, else infill
@@ -61,31 +75,6 @@ class Query:
     @property
     def num_scored(self) -> int:
         return self.tokens.shape[0] - self.num_context
-
-
-@dataclass(frozen=True)
-class Kept:
-    """What a sequence keeps of its last forward's query in the cache (a stage's `decide`).
-
-    `committed` leading query tokens become committed entries (every stage commits a prefix of its query: the
-    prompt, the verified slots in position order, the completed infill slots in position order). `pending` runs
-    `(query offset, length, first tag)` are kept as pending entries tagged `first tag`, `first tag + 1`, ...
-    (infill prefixes; tag = chosen slot * k + index in the slot). Then the row's pending entries tagged
-    `keep_below` or more are discarded (None: none is; `discarded` counts them) and, with `promote`, the rest
-    become committed (the infill is complete). Finally, with `invalidate_from`, every entry of the row holding
-    that original position or a later one leaves the cache (a revision took those tokens back)."""
-
-    committed: int
-    pending: tuple[tuple[int, int, int], ...] = ()
-    keep_below: int | None = None
-    promote: bool = False
-    discarded: int = 0
-    invalidate_from: int | None = None
-
-    @property
-    def extent(self) -> int:
-        """Query tokens up to the last kept one."""
-        return max([self.committed] + [offset + length for offset, length, _ in self.pending])
 
 
 def consecutive(indices: list[int]) -> bool:
@@ -132,8 +121,9 @@ class ChosenSlots:
 
 
 class SequenceState:
-    """ReFusion decoding state of one sequence. The stages read it to build their queries and change it through
-    the methods below when they decide; nothing else writes it."""
+    """ReFusion decoding state of one sequence. The stages read it to build their queries; what they decide is a
+    transition (transitions.py) that `apply` executes: nothing else writes it (tests/generation/
+    test_state_ownership.py checks both)."""
 
     def __init__(self, prompt: torch.LongTensor, settings: DecodingSettings, policy: DraftPolicy):
         device = prompt.device
@@ -160,7 +150,7 @@ class SequenceState:
         self.num_slots = length // k
         self.block = 0
         self.pool: list[int] = self.block_slots(0)  # undecoded slots of the current block, in order
-        self.reserve(self.pool)
+        self._reserve(self.pool)
         self.context: torch.LongTensor | None = prompt  # tokens to cache with the next forward (the prompt, once)
         self.context_positions = torch.arange(prompt.shape[0], device=device)  # their original positions
         self.stage = Stage.PLAN
@@ -274,7 +264,101 @@ class SequenceState:
         return view[: self.settings.max_new_tokens]
 
     # ------------------------------------------------------------------------------------------- writing
-    def reserve(self, slots: list[int]) -> None:
+    def apply(self, transition: Transition) -> Kept | None:
+        """Execute a stage's decision (transitions.py): the one way the state changes. Returns its `Kept`."""
+        return _HANDLERS[type(transition)](self, transition)
+
+    def _forwarded(self, _transition: Forwarded) -> None:
+        self.forward_passes += 1
+
+    def _choose(self, choice: Choose) -> Kept:
+        self.context = None
+        self.step += 1
+        self.plan_drafts = choice.plan_drafts
+        self.chosen = ChosenSlots(choice.slots, choice.tokens, choice.draft_probs, choice.confident, choice.ends)
+        k = self.settings.slot_size
+        self.trace_chosen.append([slot * k for slot in choice.slots])
+        self.stage = Stage.VERIFY
+        return choice.kept
+
+    def _commit_slots(self, commit: Commit) -> Kept:
+        self._commit(commit.slots, commit.tokens, commit.eos_at)
+        if commit.eos_at is not None:
+            self._drop_after(commit.slots[commit.eos_at // self.settings.slot_size])
+        return self._finish_iteration(commit.kept)
+
+    def _enter_infill(self, infill: EnterInfill) -> Kept:
+        chosen, n = self.chosen, len(infill.verified)
+        chosen.verified, chosen.cached, chosen.pending = infill.verified, [0] * n, [0] * n
+        in_infill = set(chosen.slots)
+        self.pool = [slot for slot in self.pool if slot not in in_infill]
+        self.stage = Stage.INFILL_DRAFT
+        return infill.kept
+
+    def _redraft(self, redraft: Redraft) -> Kept:
+        chosen = self.chosen
+        chosen.tokens.view(-1)[redraft.target_index] = redraft.proposals
+        if redraft.probs is not None:
+            chosen.draft_probs.view(-1)[redraft.target_index] = redraft.probs
+        if redraft.confident is not None:
+            chosen.confident, chosen.ends = redraft.confident, redraft.ends
+        self.context = None
+        # The verified tokens this query fed (before each slot's masks) stay in the cache, pending for their slot
+        # (a complete slot fed nothing: its verified and cached lengths are equal).
+        for i, verified in enumerate(chosen.verified):
+            chosen.pending[i] += verified - chosen.cached[i]
+            chosen.cached[i] = verified
+        self.stage = Stage.INFILL_VERIFY
+        return redraft.kept
+
+    def _infill_checked(self, checked: InfillChecked) -> Kept:
+        chosen = self.chosen
+        for i, end in checked.grown:
+            chosen.pending[i] += end - chosen.cached[i]
+            chosen.cached[i] = end
+        chosen.verified = checked.verified
+        ending = checked.ending
+        if ending is not None:  # later chosen slots and undecoded slots after it are discarded
+            chosen.pending[ending] = checked.ending_pending
+            chosen.keep_first(ending + 1)
+            chosen.verified[ending] = chosen.cached[ending] = self.settings.slot_size  # complete
+            self._drop_after(chosen.slots[ending])
+        if checked.commit is not None:
+            return self._commit_slots(checked.commit)
+        self.stage = Stage.INFILL_DRAFT
+        return checked.kept
+
+    def _remask(self, remask: Remask) -> Kept:
+        k = self.settings.slot_size
+        self.context = None
+        self.step += 1
+        start, end = self.block_positions()
+        infill = []  # (slot, verified prefix)
+        for slot, first, replacement in remask.cuts:
+            self._take_back(slot * k + first, (slot + 1) * k)
+            self._put(slot * k + first, replacement)
+            if first + 1 < k:
+                infill.append((slot, first + 1))
+        in_infill = {slot for slot, _ in infill}
+        kept = [p for p in range(start, min(end, len(self.written))) if self.written[p] and p // k not in in_infill]
+        index = torch.tensor(kept, dtype=torch.long, device=self.device)
+        self.context = self.canvas[index] if kept else None
+        self.context_positions = self.prompt_length + index
+        self.trace_chosen.append([slot * k for slot, _, _ in remask.cuts])
+        if not infill:  # every revised slot is complete: re-score the block (its entries re-fed first), if any
+            return remask.kept if self.revisable_slots() else self._close_block(remask.kept)
+        slots = [slot for slot, _ in infill]
+        n = len(slots)
+        rows = torch.tensor([[slot * k + j for j in range(k)] for slot in slots], device=self.device)
+        rescored = remask.probs[[remask.rescored_slots.index(slot) for slot in slots]]  # [n, k]
+        # tokens [n, k]: each kept prefix and second opinion, then masks; draft probabilities as re-scored (infill's
+        # re-drafts overwrite the remasked tail)
+        prefixes, no = [prefix for _, prefix in infill], [False] * n
+        self.chosen = ChosenSlots(slots, self.canvas[rows], rescored.clone(), no, list(no), prefixes, [0] * n, [0] * n)
+        self.stage = Stage.INFILL_DRAFT
+        return remask.kept
+
+    def _reserve(self, slots: list[int]) -> None:
         """Grow the canvas, its commit steps and written flags to hold `slots` (a block's, when it is entered):
         doubling from `INITIAL_CANVAS` positions, at most to the canvas length, so a long answer costs amortised
         O(1) copies per position."""
@@ -289,7 +373,7 @@ class SequenceState:
         self.written += bytes(extra)
         self.revisions += bytes(extra)
 
-    def commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
+    def _commit(self, slots: list[int], tokens: torch.LongTensor, eos_at: int | None = None) -> None:
         """Write `tokens` (the slots' tokens concatenated, possibly cut after an EOS) into the canvas; `eos_at` is
         the index in `tokens` of its first EOS, if it has one (the caller has read it already)."""
         k, n = self.settings.slot_size, tokens.shape[0]
@@ -308,7 +392,7 @@ class SequenceState:
             first = slots[eos_at // k] * k + eos_at % k
             self.first_eos = first if self.first_eos is None else min(self.first_eos, first)
 
-    def take_back(self, start: int, end: int) -> None:
+    def _take_back(self, start: int, end: int) -> None:
         """Remask canvas positions [start, end) (a revision): no longer written, decoded again."""
         self.canvas[start:end] = self.settings.mask_token_id
         self.commit_step[start:end] = -1
@@ -317,26 +401,26 @@ class SequenceState:
             self.revisions[position] += 1
         self._prefix = min(self._prefix, start)
 
-    def put(self, position: int, token: int) -> None:
+    def _put(self, position: int, token: int) -> None:
         """Write one token (a revision's second opinion), committed in the current step."""
         self.canvas[position] = token
         self.commit_step[position] = self.step
         self.written[position] = 1
 
-    def drop_after(self, eos_slot: int) -> None:
+    def _drop_after(self, eos_slot: int) -> None:
         """An EOS was accepted in `eos_slot`: drop undecoded slots after it; stop after this block."""
         self.pool = [slot for slot in self.pool if slot < eos_slot]
         self.ends_after_block = True
 
-    def stop_at(self, length: int) -> None:
+    def _stop_at(self, stop: StopAt) -> None:
         """A stopping criterion fired after `length` final answer tokens: the answer ends there (tokens decoded
         out of order beyond it are discarded, undecoded slots after it are never decoded)."""
-        self.stop_length = length if self.stop_length is None else min(self.stop_length, length)
+        self.stop_length = stop.length if self.stop_length is None else min(self.stop_length, stop.length)
         if self.finished_prefix == self.answer_length:
             self.chosen, self.plan_drafts = None, None
             self.stage = Stage.DONE
 
-    def finish_iteration(self, kept: Kept) -> Kept:
+    def _finish_iteration(self, kept: Kept) -> Kept:
         """The chosen slots are committed: plan next (in the next block when this one is decoded, after its
         revision if `remask_threshold` is set), or stop."""
         self.chosen = None
@@ -347,10 +431,13 @@ class SequenceState:
         if self.closed is not None and self.revisable_slots():
             self.stage = Stage.REVISE
             return kept
-        return self.close_block(kept)
+        return self._close_block(kept)
 
-    def close_block(self, kept: Kept) -> Kept:
-        """The current block is decoded (and revised): its tokens are final; go on with the next block, or stop."""
+    def _close_block(self, kept: Kept, consumed: bool = False) -> Kept:
+        """The current block is decoded (and revised): its tokens are final; go on with the next block, or stop.
+        `consumed`: the context fed is cached."""
+        if consumed:
+            self.context = None
         if self.closed is not None:
             self.closed = self.block_positions()[1]
         self.stage = Stage.PLAN
@@ -363,5 +450,18 @@ class SequenceState:
             if not self.pool:
                 self.stage = Stage.DONE
             else:
-                self.reserve(self.pool)
+                self._reserve(self.pool)
         return kept
+
+
+_HANDLERS = {
+    Forwarded: SequenceState._forwarded,
+    Choose: SequenceState._choose,
+    Commit: SequenceState._commit_slots,
+    EnterInfill: SequenceState._enter_infill,
+    Redraft: SequenceState._redraft,
+    InfillChecked: SequenceState._infill_checked,
+    Remask: SequenceState._remask,
+    CloseBlock: lambda state, close: state._close_block(close.kept, consumed=True),
+    StopAt: SequenceState._stop_at,
+}

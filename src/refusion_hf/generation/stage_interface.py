@@ -9,12 +9,19 @@ A stage is a `StageUnit` with three methods, called once per forward for every r
                                                  width together when `batched`) -> decision values [R, m] (long,
                                                  read to the host with every other row's in ONE transfer) and one
                                                  payload per row (device tensors `decide` needs, e.g. the drafts)
-    decide(state, fed, payload, values) -> Kept  the host half: the row's values decoded into the stage's typed
-                                                 decision, the state advanced, and what of the query keeps its KV
+    decide(state, fed, payload, values) -> Transition
+                                                 the host half: the row's values decoded into the stage's typed
+                                                 decision and the transition it makes (transitions.py), which
+                                                 `SequenceState.apply` executes; it carries what of the query keeps
+                                                 its KV (`Kept`)
 
-`stages.STAGES` maps each `Stage` to its unit; `stages.py` drives one row through one forward with them. The
-stages themselves are in `plan_and_verify.py`, `infill.py` and `revision.py`; what they share is here (tensor
-helpers, and re-feeding a revised block's tokens before a query: `after_context`).
+`query`, `examine` and `decide` only read the state. Two more methods have defaults that a unit wrapping another
+overrides (plan_ahead.py): `parts` (which runs of its logits which unit examines) and `advance` (the transitions
+applied after the forward: by default its `decide`'s).
+
+`stages.py` registers the units (`register_stage`) and drives one row through one forward with them. The
+stages themselves are in `plan_and_verify.py`, `infill.py`, `revision.py` and `plan_ahead.py`; what they share is
+here (tensor helpers, and re-feeding a revised block's tokens before a query: `after_context`).
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -28,7 +35,8 @@ from typing import Any
 import torch
 
 from .draft_policy import DraftPolicy
-from .sequence_state import Kept, Query, SequenceState, Stage
+from .sequence_state import Query, SequenceState, Stage
+from .transitions import Kept, Transition
 
 
 @dataclass(frozen=True)
@@ -59,13 +67,26 @@ class ExaminedPart:
     row: int  # in the forward's batch
     start: int
     width: int
-    pool: list[int] | None  # plans: the slots planned (None otherwise)
-    ahead: bool = False  # a plan riding along a verification
+    pool: list[int] | None = None  # a plan riding along: the slots it plans (None: the state's pool)
+    extra: bool = False  # a second part of the row's logits, examined for a wrapping unit (`RowExamination`)
 
     def group_key(self) -> tuple:
         """Parts with equal keys are examined in one batched op."""
         stage = self.unit.stage
         return (stage, self.width) if self.unit.batched(self.state.policy) else (stage, self.width, self.row)
+
+
+@dataclass
+class RowExamination:
+    """What examining one row's logits left for `StageUnit.advance`: the payload and values of its stage's part, and
+    those of an `extra` part a wrapping unit examines (a plan riding along), or its `extra_logits` to examine later
+    (a sampled plan: drawn only if it holds)."""
+
+    payload: object = None
+    values: list[int] | None = None
+    extra_payload: object = None
+    extra_values: list[int] | None = None
+    extra_logits: torch.Tensor | None = None
 
 
 class StageUnit:
@@ -83,8 +104,19 @@ class StageUnit:
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor) -> tuple[torch.LongTensor, list]:
         raise NotImplementedError
 
-    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Kept:
+    def decide(self, state: SequenceState, fed: StageQuery, payload, values: list[int]) -> Transition:
         raise NotImplementedError
+
+    def parts(
+        self, state: SequenceState, fed: StageQuery, row: int, logits: torch.Tensor, into: RowExamination
+    ) -> list[ExaminedPart]:
+        """What of row `row` of a forward's logits ([B, S, V], the first `fed.query.num_scored` of them this row's)
+        is examined, by which unit: by default all of them, by this one."""
+        return [ExaminedPart(state, fed, self, row, 0, fed.query.num_scored)]
+
+    def advance(self, state: SequenceState, fed: StageQuery, examination: RowExamination) -> Kept:
+        """The host half after the forward: `decide`, and `SequenceState.apply` of its transition."""
+        return state.apply(self.decide(state, fed, examination.payload, examination.values))
 
 
 # ------------------------------------------------------------------------------------ shared tensor helpers
