@@ -83,6 +83,24 @@ def _self_attributes(cls) -> set[str]:
     }
 
 
+def _defined_in_body(cls) -> set[str]:
+    """The names the class statement itself defines (methods, assigned attributes): not what a library caches on
+    the class later (transformers sets `_can_set_*_cached_value` on model classes when it builds them)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return set(vars(cls))
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    names = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return names
+
+
 def undeclared_private_members(library: str, seam_declarations, classes) -> list[str]:
     """`Class._name` for each private member of `library`'s classes that a class of ours (subclassing one) defines
     or reads on `self` / `cls`, and that `seam_declarations` does not name."""
@@ -93,7 +111,7 @@ def undeclared_private_members(library: str, seam_declarations, classes) -> list
         if not theirs:
             continue
         ours = [base for base in cls.__mro__ if base.__module__.startswith(("refusion_hf.", "tests."))]
-        names = {name for base in ours for name in vars(base)} | _self_attributes(cls)
+        names = {name for base in ours for name in _defined_in_body(base)} | _self_attributes(cls)
         for name in names:
             if not re.fullmatch(r"_[A-Za-z]\w*", name) or name in declared or name == "_abc_impl":
                 continue

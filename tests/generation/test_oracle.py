@@ -9,7 +9,7 @@ forward passes: without it, the forward passes equal the reference's.
 import pytest
 import torch
 
-from refusion_hf.generation import batch_scheduler, plan_and_verify
+from refusion_hf.generation import batch_scheduler, plan_ahead
 from tests.oracle import MASK, expected, generate_kwargs, load_cases, mismatch
 
 CASES = load_cases()
@@ -68,7 +68,7 @@ def test_plans_that_cannot_hold_are_left_out_of_the_forward(model64, monkeypatch
         return out, sum(q.num_scored for q in fed)
 
     results = [run(case) for case in CASES]
-    monkeypatch.setattr(plan_and_verify, "plan_cannot_hold", lambda state, slots: False)
+    monkeypatch.setattr(plan_ahead, "plan_cannot_hold", lambda state, slots: False)
     saved = []
     for case, (out, tokens) in zip(CASES, results):
         forced, forced_tokens = run(case)

@@ -33,7 +33,10 @@ MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "a
 
 def state_fields() -> set[str]:
     """The attributes of a live state and of its chosen slots."""
-    settings = sequence_state.DecodingSettings(8, 2, 4, 0.5, 0.5, MASK, (EOS,), remask_threshold=0.5)
+    settings = sequence_state.DecodingSettings(
+        max_new_tokens=8, slot_size=2, block_size=4, slot_threshold=0.5, token_threshold=0.5, mask_token_id=MASK,
+        eos_token_ids=(EOS,), remask_threshold=0.5,
+    )  # fmt: skip
     state = SequenceState(torch.tensor([1, 2]), settings, DraftPolicy.greedy([MASK], "cpu"))
     return set(vars(state)) | {field.name for field in dataclasses.fields(ChosenSlots)}
 

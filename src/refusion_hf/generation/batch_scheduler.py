@@ -26,6 +26,7 @@ from .ragged_kv_cache import RaggedKVCache, forward_queries
 from .sequence_state import DecodingSettings, SequenceState, Stage
 from .split_attention import split_attention
 from .stages import begin_step, examine_steps, finish_step
+from .transitions import StopAt
 
 JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
 # The prompts withdrawn from the `decode_batch` calls made in this context (`withdrawing`).
@@ -122,7 +123,7 @@ def decode_batch(
                 for index in [i for i in waiting if i in gone]:  # never decoded: an empty answer
                     sequences[index] = SequenceState(prompts[index], settings, policy)
                 for index in [i for i in active + waiting if i in gone]:
-                    sequences[index].stop_at(0)
+                    sequences[index].apply(StopAt(0))
                 waiting = [i for i in waiting if i not in gone]
                 still = [i for i, row in enumerate(active) if row not in gone]
                 if len(still) < len(active):
