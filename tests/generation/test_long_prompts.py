@@ -145,3 +145,16 @@ def test_peak_memory_grows_linearly_with_the_prompt():
         growth[length] = peak_growth_kib(lambda prompt=prompt: model.generate(prompt, **knobs))
     # the 4k call's own growth can be near 0 (its peak below the warm-up's): a 64 MiB floor; dense masks add 1.3 GB
     assert growth[16384] < 4 * growth[4096] * 1.5 + 64 * 1024, growth
+
+
+@pytest.mark.parametrize("slot_size", [2**40, 2**20, 33])
+def test_a_slot_larger_than_the_model_can_hold_is_refused_before_allocating(slot_size):
+    """A slot is drafted whole (the canvas holds at least one): one wider than `max_position_embeddings` is refused
+    with a message naming `slot_size` and the bound, before any allocation (2**40 once failed inside one); a block
+    larger than the answer is clamped to it (one block), and a slot at the bound still decodes."""
+    model = tiny_refusion_model(max_position_embeddings=32)
+    ids = torch.tensor([[5, 6, 7]])
+    knobs = dict(max_new_tokens=4, mask_token_id=3, eos_token_id=1, pad_token_id=0)
+    with pytest.raises(ValueError, match=rf"`slot_size` \({slot_size}\) is larger than .* at most 32"):
+        model.generate(ids, slot_size=slot_size, block_size=slot_size, **knobs)
+    assert model.generate(ids, slot_size=32, block_size=2**40 - 2**40 % 32, **knobs).shape == (1, 7)

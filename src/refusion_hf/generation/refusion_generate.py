@@ -296,6 +296,12 @@ def decoding_settings(model, config: RefusionGenerationConfig, width: int, longe
             "answer, not `max_new_tokens`, so any bound the answers stay under costs the same."
         )
     limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and slot_size > limit:  # refused before the canvas (one slot at least) is allocated
+        raise ValueError(
+            f"`slot_size` ({slot_size}) is larger than the model's maximum length ({limit} positions): no answer can "
+            f"fill one slot, and each slot is drafted whole. Pass a `slot_size` of at most {limit} (the paper uses "
+            "4 to 32)."
+        )
     if limit is not None and longest_prompt + max_new_tokens > limit:
         warnings.warn(
             f"The longest prompt ({longest_prompt} tokens) plus `max_new_tokens` ({max_new_tokens}) exceeds the "
