@@ -9,6 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from refusion_hf.generation import ragged_kv_cache
+from refusion_hf.generation import split_attention as split_attention_module
 from refusion_hf.generation.split_attention import IMPLEMENTATIONS, SplitMask, split_attention
 from tests.generation.test_memory import peak_growth_kib
 from tests.oracle import generate_kwargs, load_cases, mismatch
@@ -66,10 +67,12 @@ def test_a_padded_batch_gets_a_boolean_context_mask_as_stock_does(model32, monke
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 @pytest.mark.parametrize("cached", [0, 6], ids=["empty-cache", "filled-cache"])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4], ids=["4-query-heads-per-kv", "2-per-kv", "no-grouping"])
-def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached, kv_heads):
+@pytest.mark.parametrize("pack_from", [0, 2**62], ids=["packed", "repeated"])
+def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached, kv_heads, pack_from, monkeypatch):
     """One forward with a `SplitMask` gives the logits of the same forward with the dense [C + S, T + C + S] mask,
     with an empty cache (causal context, no mask) and a filled one with holes (context sees the valid entries); with
-    grouped query heads (the scored rows then run packed by key/value head) and without."""
+    grouped query heads (the scored rows run packed by key/value head from a long enough cache) and without."""
+    monkeypatch.setattr(split_attention_module, "PACK_FROM", pack_from)
     torch.manual_seed(0)
     model = tiny_refusion_model(attn_implementation=backend, num_attention_heads=4, num_key_value_heads=kv_heads)
     model = model.double()
