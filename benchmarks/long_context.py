@@ -87,13 +87,14 @@ def measure_one(way: str, length: int, batch_size: int, dtype_name: str, args) -
     if way == "refusion":  # ReFusion commits out of order: its first committed token is its first commit
         from refusion_hf.generation.sequence_state import SequenceState
 
-        commit = SequenceState.commit
+        name = "_commit" if hasattr(SequenceState, "_commit") else "commit"  # `apply`'s writer since issue 40
+        commit = getattr(SequenceState, name)
 
         def timed_commit(self, *arguments, **keywords):
             first.at = first.at or time.perf_counter()
             return commit(self, *arguments, **keywords)
 
-        SequenceState.commit = timed_commit
+        setattr(SequenceState, name, timed_commit)
     model.generate(prompts[:, :16], max_new_tokens=4, do_sample=False, **knobs)  # warm-up: lazy allocations
     first.at = None
     criteria = StoppingCriteriaList([] if way == "refusion" else [first])
