@@ -38,14 +38,20 @@ NOT_DECODER = ("__init__.py", "cli.py", "trace_view.py")  # the package's CLI gl
 
 
 def generation_package(name: str, source: Path, folder: Path):
-    """`source` (a `refusion_hf/generation/` folder) imported as the top-level package `name`."""
-    package = folder / name
-    package.mkdir()
+    """`source` (a `refusion_hf/generation/` folder) imported as `name.generation`, beside a copy of its sibling
+    `_compat/` (the seams to other libraries' private names, since issue 40) as `name._compat` when it has one."""
+    top = folder / name
+    package = top / "generation"
+    package.mkdir(parents=True)
+    (top / "__init__.py").write_text("")
     for module in source.glob("*.py"):
         if module.name not in NOT_DECODER:
             shutil.copy(module, package / module.name)
     (package / "__init__.py").write_text("")
-    return importlib.import_module(f"{name}.refusion_generate")
+    seams = source.parent / "_compat"
+    if seams.is_dir():
+        shutil.copytree(seams, top / "_compat", ignore=shutil.ignore_patterns("__pycache__"))
+    return importlib.import_module(f"{name}.generation.refusion_generate")
 
 
 def main() -> None:
