@@ -18,9 +18,9 @@ repeated) rendered by the tokenizer's chat template to about `--lengths` tokens.
 The generate ways report the growth of their own process the same way (peak above the memory held just before the
 timed call, after a short warm-up call). Ratios refusion / stock and serve / stock are written to the JSON with the
 goal (at most 1.25). The server's extra growth over `generate()` on its first long request is glibc keeping freed
-memory in the decoding thread's own malloc arena (in a run with `MALLOC_ARENA_MAX=1` in the server's environment:
-179 MiB against 215 MiB at 16k, later requests 82 MiB); setting the limit from inside the running process
-(`mallopt`) did not reproduce that, so nothing here sets it.
+memory in the decoding thread's own malloc arena (in a one-off, uncommitted run with `MALLOC_ARENA_MAX=1` in the
+server's environment: 179 MiB against 215 MiB at 16k, later requests 82 MiB); setting the limit from inside the
+running process (`mallopt`) did not reproduce that, so nothing here sets it.
 
     nice -n 0 .venv/bin/python benchmarks/long_context_serve.py --out benchmarks/results/long_context_serve.json
 """

@@ -81,7 +81,8 @@ def _split(backend: str):
 
 # Pack only where `repeat_kv` would copy at least this many entries per tensor (H * K * D): below it the packing's
 # own three small copies cost more than they save (measured on the embedded model, 4 heads of 64 and a cache of a
-# few hundred entries: 4% to 12% slower whole calls packed). 2**20 is a 4k cache there, 256 entries for Qwen3-8B.
+# few hundred entries: 4% to 12% slower whole calls packed, by a one-off uncommitted script; benchmarks/README.md).
+# 2**20 is a 4k cache there, 256 entries for Qwen3-8B.
 PACK_FROM = 2**20
 
 
