@@ -18,8 +18,10 @@ from tests.tiny_models import tiny_refusion_model
 CASES = load_cases()
 
 
-def _recorded_masks(monkeypatch) -> list[SplitMask]:
-    """Every `SplitMask` the decoder builds from now on, in order."""
+def _recorded_masks(monkeypatch, split_from: int = 0) -> list[SplitMask | torch.Tensor]:
+    """Every mask the decoder builds from now on, in order; contexts split from `split_from` entries per row on
+    (0: every context)."""
+    monkeypatch.setattr(ragged_kv_cache, "SPLIT_FROM", split_from)
     masks = []
     build = ragged_kv_cache.RaggedKVCache.attention_mask
 
@@ -62,6 +64,29 @@ def test_a_padded_batch_gets_a_boolean_context_mask_as_stock_does(model32, monke
     for row, prompt in enumerate((long, short)):
         alone = model32.generate(prompt, **knobs)
         assert together[row, 40:].tolist()[: alone.shape[1] - prompt.shape[1]] == alone[0, prompt.shape[1] :].tolist()
+
+
+def test_a_short_context_is_fed_with_one_dense_mask_and_decodes_as_split(model32, monkeypatch):
+    """Below `SPLIT_FROM` entries per context row, the forward gets one dense additive [B, 1, C + S, T + C + S]
+    mask (one kernel call per layer); at and above it, the split one. Same tokens and forward passes either way,
+    on a padded batch too."""
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(4, 60, (2, 40), generator=generator)
+    ids[1, :9] = 0
+    mask = (ids != 0).long()
+    knobs = dict(max_new_tokens=12, slot_size=4, block_size=8, pad_token_id=0, return_dict_in_generate=True)
+    masks = _recorded_masks(monkeypatch, split_from=40 * 48 + 1)  # the prompt's rows: 40 * (40 + 8) entries
+    dense = model32.generate(ids, attention_mask=mask, **knobs)
+    first = masks[0]
+    assert torch.is_tensor(first) and first.shape == (2, 1, 40 + 8, 40 + 8) and first.dtype == torch.float32
+    assert (first[1, 0, 20, :9] < 0).all() and (first[1, 0, 20, 9:21] == 0).all()  # pads blocked, causal
+    assert (first[0, 0, :40, 40:] < 0).all()  # the context does not see the scored tokens
+    masks.clear()
+    monkeypatch.setattr(ragged_kv_cache, "SPLIT_FROM", 40 * 48)
+    split = model32.generate(ids, attention_mask=mask, **knobs)
+    assert isinstance(masks[0], SplitMask) and masks[0].context_width == 40
+    assert split.sequences.tolist() == dense.sequences.tolist()
+    assert split.num_forward_passes == dense.num_forward_passes
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])

@@ -9,7 +9,9 @@ The declarations use the plain strings "attribute" and "set by owner" (`refusion
 
 from __future__ import annotations
 
-from transformers import GenerationConfig, LogitsProcessorList
+import weakref
+
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 _MIXIN = "transformers.generation.utils:GenerationMixin"
 _SERVE_UTILS = "transformers.cli.serving.utils"
@@ -47,6 +49,11 @@ PRIVATE_MEMBERS = (
     ("transformers:GenerationConfig", "_original_object_hash", "set by owner"),
     # -- modeling: the attention implementation a config selects; `PretrainedConfig` has no public getter.
     ("transformers:PretrainedConfig", "_attn_implementation", "attribute"),
+    # What the public `set_attn_implementation` sets; it also re-validates and walks every module and sub-config on
+    # each call (0.13 ms a call on the embedded model), and the decoding loop selects its split attention and
+    # restores the model's own on every `generate()`: `select_attn_implementation` sets it directly where the
+    # walk would find nothing more (one config shared by every sub-model, no sub-configs).
+    ("transformers:PretrainedConfig", "_attn_implementation_internal", "set by owner"),
     # -- Trainer: the overrides `RefusionTrainer` / `RefusionSFTTrainer` define (the library calls them), and what
     # they call. No public hook adds model-input columns (`remove_unused_columns` would drop the collator's) or runs
     # after each checkpoint with the folder written (`on_save` callbacks run after the rotation, without errors).
@@ -133,6 +140,25 @@ def set_original_object_hash(config, value) -> None:
 
 def attn_implementation(config):
     return config._attn_implementation
+
+
+_SHARES_ONE_CONFIG: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool, walked once
+
+
+def select_attn_implementation(model, name: str) -> None:
+    """`model.set_attn_implementation(name)` for a registered implementation `name` (see PRIVATE_MEMBERS); models
+    with sub-configs or sub-models of their own config go through the public method."""
+    shares = _SHARES_ONE_CONFIG.get(model)
+    if shares is None:
+        config = model.config
+        shares = not config.sub_configs and all(
+            module.config is config for module in model.modules() if isinstance(module, PreTrainedModel)
+        )
+        _SHARES_ONE_CONFIG[model] = shares
+    if shares:
+        model.config._attn_implementation_internal = name
+    else:
+        model.set_attn_implementation(name)
 
 
 # ----------------------------------------------------------------------------------------------- DynamicCache

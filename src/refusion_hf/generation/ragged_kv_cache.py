@@ -19,6 +19,11 @@ from .sequence_state import Kept, Query
 from .split_attention import SplitMask
 from .stage_interface import stack_rows
 
+# Split only where the context rows' dense mask would hold at least this many entries per row (C * (T + C + S)):
+# below it, one dense mask and one kernel call per layer cost less than two calls and a concatenation (a 200-token
+# prompt, the embedded model's typical chat prompt, is fed dense; from a 512-token prompt on, split).
+SPLIT_FROM = 2**18
+
 
 class RaggedKVCache:
     """A `DynamicCache` shared by the batch, plus which entries each row may attend to.
@@ -57,7 +62,7 @@ class RaggedKVCache:
         context_pads: torch.LongTensor | None = None,
         views: torch.LongTensor | None = None,
         hidden=None,
-    ) -> SplitMask:
+    ) -> SplitMask | torch.Tensor:
         """One forward's mask (split_attention.py) for rows that feed [C context tokens, left-padded by
         `context_pads` ([B]; None: no row is)] + [S scored tokens]. visible: [B, S, S] among the scored tokens,
         sees_context: [B, S, C] (False on pads), views: [B, S, 2] pending tags each scored token sees ([lo, hi)),
@@ -65,8 +70,11 @@ class RaggedKVCache:
 
         The scored rows' part is additive, [B, 1, S, T + C + S] (0 = attend, finfo.min = blocked). The context rows
         see the committed entries and, causally, each other: boolean [B, 1, C, T + C], or nothing built at all (None:
-        sdpa's causal kernel) when the cache is empty and no row is padded, as on a prompt's prefill."""
+        sdpa's causal kernel) when the cache is empty and no row is padded, as on a prompt's prefill. A context
+        whose rows would hold fewer than `SPLIT_FROM` entries is not split: the forward gets one dense additive
+        [B, 1, C + S, T + C + S] mask (one kernel call per layer, as stock's padded prefill)."""
         batch_size, s, c = sees_context.shape
+        t = self.valid.shape[1]
         cached = self.valid[:, None, :].expand(batch_size, s, -1)  # [B, S, T]
         if self.tags is not None and views is not None:
             tags = self.tags[:, None, :]  # [B, 1, T]
@@ -74,18 +82,25 @@ class RaggedKVCache:
         if hidden is not None:
             positions = self.positions[:, None, :]  # [B, 1, T]
             cached = cached & ~((positions >= hidden[..., :1]) & (positions < hidden[..., 1:]))
-        allowed = torch.cat([cached, sees_context, visible], dim=-1)[:, None]
-        scored = torch.where(allowed, self.attend, self.blocked)
-        if not c or (context_pads is None and not self.valid.shape[1]):
+        allowed = torch.cat([cached, sees_context, visible], dim=-1)  # [B, S, T + C + S]
+        if c and c * (t + c + s) < SPLIT_FROM:
+            context = F.pad(self._context_rows(c, context_pads), (0, s))  # [B, C, T + C + S]: no scored token
+            return torch.where(torch.cat([context, allowed], dim=1)[:, None], self.attend, self.blocked)
+        scored = torch.where(allowed[:, None], self.attend, self.blocked)
+        if not c or (context_pads is None and not t):
             return SplitMask(c, None, scored)
-        # Built for this forward only (a prompt's [C, C] is not worth caching).
-        context = torch.ones(c, c, dtype=torch.bool, device=visible.device).tril()[None].expand(batch_size, c, c)
-        if context_pads is not None:  # pads are seen by no token; each sees itself (no row fully blocked)
-            columns = torch.arange(c, device=visible.device)
-            real = columns[None, :] >= context_pads[:, None]  # [B, C]
-            context = context & (real[:, None, :] | torch.eye(c, dtype=torch.bool, device=visible.device)[None])
-        context = torch.cat([self.valid[:, None, :].expand(batch_size, c, -1), context], dim=-1)[:, None]
-        return SplitMask(c, context, scored)
+        return SplitMask(c, self._context_rows(c, context_pads)[:, None], scored)
+
+    def _context_rows(self, c: int, context_pads: torch.LongTensor | None) -> torch.BoolTensor:
+        """[B, C, T + C]: the context tokens see the committed entries and, causally, each other; pads are seen by
+        no token, each sees itself (no row fully blocked). Built for this forward only (a prompt's [C, C] is not
+        worth caching)."""
+        batch_size, device = self.valid.shape[0], self.valid.device
+        context = torch.ones(c, c, dtype=torch.bool, device=device).tril()[None].expand(batch_size, c, c)
+        if context_pads is not None:
+            real = torch.arange(c, device=device)[None, :] >= context_pads[:, None]  # [B, C]
+            context = context & (real[:, None, :] | torch.eye(c, dtype=torch.bool, device=device)[None])
+        return torch.cat([self.valid[:, None, :].expand(batch_size, c, -1), context], dim=-1)
 
     def keep_new_entries(self, spans: list[tuple[int, Kept]], queries: list[Query]) -> None:
         """After a forward appended W entries per row: row b keeps what `spans[b] = (start, kept)` says of its query

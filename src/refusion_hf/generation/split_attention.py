@@ -7,12 +7,15 @@ mask comes in two parts (`SplitMask`): the scored rows' `[S, T + C + S]` (T cach
 plan masks, drafts, infill rounds), and the context rows' `[C, T + C]`, which is *not built at all* when the cache is
 empty and no row is padded (the prompt's prefill, as in stock generate: sdpa's causal kernel, no materialised
 `[L, L]` mask). Left-padded contexts (a batch of prompts of different lengths) get a boolean `[C, C]` mask, as stock
-builds for a padded batch; a revised block re-fed on a filled cache gets `[C, T + C]` with C at most a block.
+builds for a padded batch; a revised block re-fed on a filled cache gets `[C, T + C]` with C at most a block. A
+short context (below `ragged_kv_cache.SPLIT_FROM` entries per row) is not split at all: one dense mask over the
+whole forward costs less there than a second kernel call per layer.
 
 The attention itself stays transformers' (`sdpa_attention_forward`, and the Qwen3 module's `eager_attention_forward`):
 this module registers, with transformers' `AttentionInterface`, one function per backend that runs it once per part
 and concatenates the two outputs. `split_attention(model)` selects it for the decoding loop through the public
-`set_attn_implementation` and restores the model's own implementation afterwards; for any other mask (a training
+`set_attn_implementation` (`_compat.transformers.select_attn_implementation`: what it sets, without its walk over
+the modules on every call) and restores the model's own implementation afterwards; for any other mask (a training
 step, stock generate on the same model meanwhile) the registered function is exactly the backend's, so selecting it
 changes nothing else. flash-attention and flex-attention kernels take no arbitrary per-query masks in this form:
 a model that uses them is refused with a message naming `set_attn_implementation("sdpa")`.
@@ -32,7 +35,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
 
-from .._compat.transformers import attn_implementation
+from .._compat.transformers import attn_implementation, select_attn_implementation
 
 SUPPORTED_BACKENDS = ("sdpa", "eager")
 
@@ -57,9 +60,9 @@ def _split(backend: str):
         if not isinstance(attention_mask, SplitMask):
             return _BACKENDS[backend](module, query, key, value, attention_mask, **kwargs)
         c = attention_mask.context_width
+        if not c:  # most forwards: scored rows only
+            return _scored_attention(backend, module, query, key, value, attention_mask.scored, **kwargs), None
         scored = _scored_attention(backend, module, query[:, :, c:], key, value, attention_mask.scored, **kwargs)
-        if not c:
-            return scored, None
         fed_so_far = key.shape[2] - (query.shape[2] - c)  # T + C: the scored tokens come after the context
         keys, values = key[:, :, :fed_so_far], value[:, :, :fed_so_far]
         context_mask = attention_mask.context
@@ -144,7 +147,7 @@ def split_attention(model):
                     f"{own!r}, whose kernels take no per-query masks. Call `model.set_attn_implementation('sdpa')` "
                     f"(or load it with `attn_implementation='sdpa'`), or use `decoding='autoregressive'`."
                 )
-            model.set_attn_implementation(IMPLEMENTATIONS[own])
+            select_attn_implementation(model, IMPLEMENTATIONS[own])
             entry = _selected[id(config)] = [own, 0]
         entry[1] += 1
     try:
@@ -154,4 +157,4 @@ def split_attention(model):
             entry[1] -= 1
             if not entry[1]:
                 del _selected[id(config)]
-                model.set_attn_implementation(entry[0])
+                select_attn_implementation(model, entry[0])
