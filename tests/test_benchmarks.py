@@ -1,5 +1,6 @@
 """Smoke tests of the benchmarks at tiny sizes (the GPU-readiness one at its CPU shape; the real run needs a GPU)."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -231,3 +232,51 @@ def test_serve_load_runs_a_small_load_and_its_checks_can_fail(tmp_path):
     grown = results["server_rss_mb"]["after_first"] + 50.5
     assert failed(lambda r: r["server_rss_mb"].update(after_all=grown)) == {"rss_growth_within_50mb"}
     assert failed(lambda r: r["server_metrics_after"].update(running=1)) == {"nothing_left_running"}
+
+
+def test_parallel_slots_runs_end_to_end_on_the_fixture_and_resumes(tmp_path):
+    """Issue 41's grid at a tiny size: every multi-slot decoding on the tuning seed side by side with the baseline
+    (its flags reach the decoder), the choice on the held-out seed, the plot; a second invocation with a wider grid
+    measures only what the first did not."""
+    fixture = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
+    out = tmp_path / "parallel_slots.json"
+
+    def invoke(remask: str) -> dict:
+        command = [sys.executable, "parallel_slots.py", "--model", str(fixture), "--baseline-model", str(fixture),
+                   "--slot-settings", "2x4", "--thresholds", "0.9/0.5", "--remask", remask, "--tuning-seeds", "1",
+                   "--heldout-seeds", "2", "--limit", "2", "--out", str(out), "--",
+                   "--max-new-tokens", "6", "--timing-repeats", "1"]  # fmt: skip
+        completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        return json.loads(out.read_text())
+
+    first = invoke("none")
+    [run] = [r for r in first["runs"] if r["group"] == "tuning"]
+    decoding = run["refusion_decoding"]
+    assert (decoding["slot_size"], decoding["block_size"], decoding["slot_threshold"]) == (2, 4, 0.9)
+    assert decoding["token_threshold"] == 0.5 and decoding["remask_threshold"] is None
+    assert run["speedup"] == pytest.approx(run["refusion_tokens_per_second"] / run["baseline_tokens_per_second"])
+    assert (tmp_path / "parallel_slots.png").stat().st_size > 0
+    choice = first["choice_on_tuning_seeds"]
+    if choice is not None:  # the fixture's speed ratio decides whether anything is fast enough to be chosen
+        assert [r["seed"] for r in first["runs"] if r["group"] == "held_out"] == [2]
+        assert first["held_out"][choice]["seeds"] == [2]
+    second = invoke("none,0.5")
+    assert second["runs"][: len(first["runs"])] == first["runs"]  # measured once, kept
+    assert {r["decoding"] for r in second["runs"] if r["group"] == "tuning"} == set(second["tuning"])
+    assert len(second["tuning"]) == 2 and second["installed"] is False
+
+
+def test_parallel_slots_chooses_the_most_accurate_setting_at_twice_the_baseline_speed():
+    parallel_slots = _import_benchmark("parallel_slots")
+
+    def summary(accuracy: float, min_speedup: float, median: float | None = None) -> dict:
+        return {"mean_accuracy": accuracy, "mean_points_behind": round(100 * (1 - accuracy), 2),
+                "min_speedup": min_speedup, "median_speedup": median or min_speedup}  # fmt: skip
+
+    grid = {"a": summary(0.99, 1.9), "b": summary(0.98, 2.1, 2.5), "c": summary(0.98, 2.2, 2.4)}
+    assert parallel_slots.choose(grid) == ("b", True)  # a is below 2x; b ties c, faster at the median
+    assert parallel_slots.choose({"a": summary(0.95, 3.0)}) == ("a", False)  # the best there is, 5 points behind
+    assert parallel_slots.choose({"a": summary(1.0, 1.5)}) == (None, False)
+    with pytest.raises(argparse.ArgumentTypeError, match="at least two slots per block"):
+        parallel_slots._slot_settings("8x8")  # one slot per block is not what issue 41 measures

@@ -33,11 +33,13 @@ def test_show_order_and_trace_picture(fixture_path, tmp_path, capsys, suffix):
     assert main([*args, "--trace-out", str(target)]) == 0
     out = capsys.readouterr().out
     assert "\033[" in out and "step 0" in out
+    assert re.search(r"\[refusion\] slots committed per step: [\d ]+ \(slot size 4\); \d+ of \d+ steps", out)
     data = target.read_bytes()
     if suffix == ".png":
         assert data.startswith(b"\x89PNG") and len(data) > 1000
     else:
-        steps = len(re.findall(r"step \d+", out.split("\n")[-3]))
+        [legend] = [line for line in out.split("\n") if line.startswith("\033[") and "step 0" in line]
+        steps = len(re.findall(r"step \d+", legend))
         assert data.decode().count("<tr>") == steps >= 1
 
 

@@ -23,7 +23,7 @@ from ..command_inputs import (
 from ..modeling.loading import add_dtype_argument, load_model_and_tokenizer, prompt_ids
 from .refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from .refusion_generation_config import DECODING_KNOBS, sampling_arguments
-from .trace_view import DecodeTrace, ansi_by_step, write_trace
+from .trace_view import DecodeTrace, ansi_by_step, order_summary, write_trace
 
 
 def encode_prompt(tokenizer, prompt: str) -> torch.LongTensor:
@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         trace = DecodeTrace.from_output(output, 0, input_ids.shape[1], tokenizer, slot_size)
         if args.show_order:
             print(ansi_by_step(trace))
+            print(f"[refusion] {order_summary(trace)}")
         if args.trace_out:
             with staged_output(args.trace_out, "--trace-out") as staged:  # no half-written file on a full disk
                 write_trace(trace, staged)

@@ -5,6 +5,8 @@ generated position, the planning step that committed it, -1 after the answer) an
 step, the start offsets of the slots its plan chose).
 
 * `ansi_by_step` colours the answer's tokens by commit step for a terminal;
+* `order_summary` says how many slots each step committed, and how many were written before a slot to their left
+  (the paper's parallel, out-of-order slots, where one slot per block shows neither);
 * `write_trace` draws the canvas once per step (rows = steps, columns = positions), like the paper's
   visualisation: tokens written in that step highlighted, earlier ones grey, masks empty, chosen slots boxed.
   `.html` needs nothing; `.png` uses matplotlib.
@@ -56,6 +58,37 @@ def ansi_by_step(trace: DecodeTrace) -> str:
         pieces.append(f"\033[{colour}m{token}\033[0m")
     legend = " ".join(f"\033[{_ANSI_COLOURS[s % len(_ANSI_COLOURS)]}mstep {s}\033[0m" for s in range(trace.num_steps))
     return "".join(pieces) + "\n" + legend
+
+
+def slots_per_step(trace: DecodeTrace) -> list[int]:
+    """For each step, the slots holding a token it committed (a token's slot is its position // slot size)."""
+    slots: list[set[int]] = [set() for _ in range(trace.num_steps)]
+    for position, step in enumerate(trace.commit_step):
+        if 0 <= step < trace.num_steps:
+            slots[step].add(position // trace.slot_size)
+    return [len(step_slots) for step_slots in slots]
+
+
+def slots_out_of_order(trace: DecodeTrace) -> int:
+    """Slots whose tokens were all committed before the last token of some slot to their left was."""
+    done: dict[int, int] = {}  # slot -> the step that committed its last token
+    for position, step in enumerate(trace.commit_step):
+        if step >= 0:
+            slot = position // trace.slot_size
+            done[slot] = max(done.get(slot, step), step)
+    finished = [done[slot] for slot in sorted(done)]
+    return sum(step < max(finished[:i], default=-1) for i, step in enumerate(finished))
+
+
+def order_summary(trace: DecodeTrace) -> str:
+    """One line: slots committed per step, steps that committed several, slots written out of order."""
+    counts = [count for count in slots_per_step(trace) if count]
+    several = sum(count > 1 for count in counts)
+    return (
+        f"slots committed per step: {' '.join(map(str, counts))} (slot size {trace.slot_size}); {several} of "
+        f"{len(counts)} steps committed several slots at once; {slots_out_of_order(trace)} slots were written "
+        "before a slot to their left"
+    )
 
 
 def write_trace(trace: DecodeTrace, path: str | Path) -> Path:
