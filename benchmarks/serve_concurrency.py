@@ -46,13 +46,19 @@ def free_port() -> int:
 
 
 def start_server(
-    model: str, dtype: str, flags: list[str], threads: int | None, timeout: float = 180, api_key: str = "-"
+    model: str,
+    dtype: str,
+    flags: list[str],
+    threads: int | None,
+    timeout: float = 180,
+    api_key: str = "-",
+    env: dict[str, str] | None = None,
 ):
     """`refusion serve` in a subprocess; returns (process, client, served model name) once it answers (the client
-    sends `api_key`: the one `flags` give with `--api-key`, if any)."""
+    sends `api_key`: the one `flags` give with `--api-key`, if any; `env`: more environment variables)."""
     port = free_port()
     command = [sys.executable, "-m", "refusion_hf.cli", "serve", model, "--port", str(port), "--dtype", dtype, *flags]
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **(env or {})}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, timeout=600, max_retries=0)
     deadline = time.monotonic() + timeout

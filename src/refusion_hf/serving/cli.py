@@ -133,10 +133,12 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import ServeOptionError, build_app
+    from .malloc_arenas import use_one_malloc_arena
 
     model = args.model if args.model is not None else str(default_model_path())
     check_checkpoint_folder(model, "MODEL")
     check_tokenizer_files(model, "MODEL")
+    use_one_malloc_arena()  # before build_app starts the decoding worker's thread
     try:
         app, state = build_app(
             model,
