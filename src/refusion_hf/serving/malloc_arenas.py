@@ -2,12 +2,12 @@
 
 uvicorn's event loop, the template renderer and the decoding worker are separate threads, and glibc gives each
 thread that allocates concurrently its own malloc arena. Memory a long prompt's forward frees in one arena is not
-reused by another, so with glibc's default arenas the server's first long request grows its peak resident memory by
-about 1.4x what the same prompt costs stock `generate()`, against about 1.2x-1.3x with one arena
-(`benchmarks/long_context_serve.py`, both ways side by side). Large tensors are `mmap`ed by glibc whatever the arena
-count, so sharing one arena costs the server little: it serialises only small allocations. The limit is set before
-the model is loaded: once torch's worker threads have made arenas of their own, a thread that starts later reuses
-one of them whatever the limit.
+reused by another: with glibc's default arenas the server's long request grew its peak resident memory by 1.58x /
+1.37x what the same 16k / 32k-token prompt costs stock `generate()`, with one arena by 1.50x / 1.09x
+(`benchmarks/long_context_serve.py`, both ways side by side in one run). Large tensors are `mmap`ed by glibc
+whatever the arena count, so sharing one arena costs the server little: it serialises only small allocations. The
+limit is set before the model is loaded: once torch's worker threads have made arenas of their own, a thread that
+starts later reuses one of them whatever the limit.
 
 glibc reads the operator's `MALLOC_ARENA_MAX` at start-up; when it is set we leave it alone. On other C libraries
 (musl, macOS) there is no such setting and this does nothing.
