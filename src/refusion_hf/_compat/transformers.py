@@ -50,7 +50,7 @@ PRIVATE_MEMBERS = (
     # -- modeling: the attention implementation a config selects; `PretrainedConfig` has no public getter.
     ("transformers:PretrainedConfig", "_attn_implementation", "attribute"),
     # What the public `set_attn_implementation` sets; it also re-validates and walks every module and sub-config on
-    # each call (0.13 ms a call on the embedded model), and the decoding loop selects its split attention and
+    # each call (a walk of every module), and the decoding loop selects its split attention and
     # restores the model's own on every `generate()`: `select_attn_implementation` sets it directly where the
     # walk would find nothing more (one config shared by every sub-model, no sub-configs).
     ("transformers:PretrainedConfig", "_attn_implementation_internal", "set by owner"),
