@@ -19,6 +19,14 @@ from its last checkpoint, so the recipe can be stopped and rerun at any point):
 6. ar_continued_steps<N>
                  the controlled baseline: the same ar_base trained autoregressively on the same data for the same
                  steps (N) with the same schedule.
+7. with --more-steps M, a second phase of both branches alike (a warm restart): each branch's model as --install
+   stores it (bfloat16, folder `<branch>_bf16`) is trained M more steps on the same data with a new cosine schedule
+   from --more-learning-rate (folders `<branch>_then<M>`); --install then installs these.
+
+--from-installed takes phase 1 of each branch from the installed models (the package's default model and the AR
+baseline, checked against --finetune-steps) instead of training it, so a second phase needs no retraining of
+ar_base: phase 2 starts from the same (bfloat16) weights either way. Stages 3 and 4 run only when a branch of
+phase 1 still has to be trained.
 
 Every training stage packs each batch's 32 examples into rows of --packing-length tokens (`PackedCausalLMCollator`,
 `refusion train --packing-length`) instead of padding them to the longest: the same examples and losses per step,
@@ -30,6 +38,13 @@ src/refusion_hf/assets/default_model, and the AR baseline to benchmarks/models/a
 Run it at low priority while doing other work:
 
     nice -n 19 .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --install
+
+A second phase on top of the installed models, both branches side by side (one thread each):
+
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000 --branch refusion \
+        --threads 1 &
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000 --branch ar \
+        --threads 1
 
 A variant of the ReFusion branch reuses every earlier stage:
 
@@ -363,18 +378,23 @@ def baseline_name(args) -> str:
     return f"ar_continued_steps{args.finetune_steps}"
 
 
-def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
-    """ReFusion fine-tuning of the converted AR model (`refusion train`), resumable from its checkpoints."""
-    folder = work / variant_name(args)
-    if (folder / "model.safetensors").exists():
+def complete(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists()
+
+
+def stage_refusion(work: Path, data: Path, start: Path, args, name: str, steps: int, learning_rate: float) -> Path:
+    """ReFusion fine-tuning (`refusion train`) of `start` (the converted AR model, or in phase 2 the phase-1 model)
+    for `steps` with a cosine schedule from `learning_rate`, resumable from its checkpoints."""
+    folder = work / name
+    if complete(folder):
         return folder
-    log(f"{folder.name}: {args.finetune_steps} steps")
+    log(f"{folder.name}: {steps} steps from {start.name}")
     resume = last_checkpoint(folder)
     refusion_cli(
         [
             "train",
             "--model",
-            str(converted),
+            str(start),
             "--data",
             str(data / "train.jsonl"),
             "--output-dir",
@@ -385,9 +405,9 @@ def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
             str(args.ar_fraction),
             *(["--packing-length", str(args.packing_length)] if args.packing_length else []),
             "--max-steps",
-            str(args.finetune_steps),
+            str(steps),
             "--learning-rate",
-            str(args.finetune_learning_rate),
+            str(learning_rate),
             "--per-device-train-batch-size",
             str(args.batch_size),
             "--lr-scheduler-type",
@@ -416,21 +436,46 @@ def stage_refusion(work: Path, data: Path, converted: Path, args) -> Path:
     return folder
 
 
-def stage_ar_continued(work: Path, data: Path, ar_base: Path, args) -> Path:
-    """The controlled baseline: the same converged AR model, trained autoregressively on the same data for as many
-    steps, with the same schedule, as the ReFusion branch."""
-    folder = work / baseline_name(args)
-    if (folder / "model.safetensors").exists():
+def stage_ar_continued(work: Path, data: Path, start: Path, args, name: str, steps: int, learning_rate: float) -> Path:
+    """The controlled baseline: the same converged AR model (in phase 2, the phase-1 baseline), trained
+    autoregressively on the same data for as many steps, with the same schedule, as the ReFusion branch."""
+    folder = work / name
+    if complete(folder):
         return folder
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(ar_base)
-    model = Qwen3ForCausalLM.from_pretrained(ar_base)
-    log(f"{folder.name}: {args.finetune_steps} more autoregressive steps")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(start)
+    model = Qwen3ForCausalLM.from_pretrained(start, dtype=torch.float32)
+    log(f"{folder.name}: {steps} more autoregressive steps from {start.name}")
     features = causal_lm_features(data / "train.jsonl", tokenizer)
-    arguments = training_arguments(
-        folder, args.finetune_steps, args.finetune_learning_rate, args.batch_size, warmup_steps=50
-    )
+    arguments = training_arguments(folder, steps, learning_rate, args.batch_size, warmup_steps=50)
     train_causal_lm(model, tokenizer, features, folder, arguments, args)
     return folder
+
+
+def stage_installed_form(work: Path, trained: Path, model_class) -> Path:
+    """A phase-1 model as --install stores it (rounded to bfloat16), saved in float32 with its tokenizer: where
+    phase 2 starts, so that a run from scratch and a run seeded from the installed models continue alike."""
+    folder = work / f"{trained.name}_bf16"
+    if complete(folder):
+        return folder
+    rounded = model_class.from_pretrained(trained, dtype=torch.bfloat16).to(torch.float32)
+    rounded.save_pretrained(folder)
+    PreTrainedTokenizerFast.from_pretrained(trained).save_pretrained(folder)
+    return folder
+
+
+def seed_from_installed(installed: Path, folder: Path, steps: int) -> None:
+    """Phase 1 of a branch taken from its installed model (--from-installed), after checking that it was trained
+    for the steps this run names."""
+    if complete(folder):
+        return
+    state = json.loads((installed / "trainer_state.json").read_text())
+    if state["global_step"] != steps:
+        raise SystemExit(
+            f"--from-installed: {installed} was trained {state['global_step']} steps, not --finetune-steps {steps}"
+        )
+    shutil.copytree(installed, folder, ignore=shutil.ignore_patterns("*.py", "custom_generate", "__pycache__"))
+    (folder / "SEEDED_FROM_INSTALLED").write_text(f"{installed}\n")
+    log(f"{folder.name}: phase 1 taken from {installed}")
 
 
 def install(refusion_dir: Path, decoding: dict) -> None:
@@ -502,6 +547,12 @@ def main(argv: list[str] | None = None) -> None:
         help="which fine-tuning branch to run (two processes can train the branches side by side)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 per process when running two)")
+    parser.add_argument("--more-steps", type=int, default=0,
+                        help="a second phase: each branch trained this many more steps (0: none)")  # fmt: skip
+    parser.add_argument("--more-learning-rate", type=float, default=5e-4,
+                        help="the second phase's peak learning rate (cosine, 50 warm-up steps)")  # fmt: skip
+    parser.add_argument("--from-installed", action="store_true",
+                        help="phase 1 of each branch: the installed models, not trained here")  # fmt: skip
     parser.add_argument(
         "--install",
         action="store_true",
@@ -531,23 +582,47 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = timings.run("tokenizer", stage_tokenizer, work, data, args.vocab_size)
     if args.stop_after in ("data", "tokenizer"):
         return
-    ar_base = timings.run("ar_base", stage_ar_base, work, data, tokenizer, args)
-    if args.stop_after == "ar_base":
+    branches = ("refusion", "ar") if args.branch == "both" else (args.branch,)
+    phase1 = {"refusion": work / variant_name(args), "ar": work / baseline_name(args)}
+    if args.from_installed:
+        installed = {"refusion": PACKAGE_MODEL, "ar": AR_BASELINE}
+        for branch in branches:
+            seed_from_installed(installed[branch], phase1[branch], args.finetune_steps)
+    to_train = [branch for branch in branches if not complete(phase1[branch])]  # phase 1 still to be trained
+    ar_base = None
+    if to_train or args.stop_after in ("ar_base", "converted"):
+        ar_base = timings.run("ar_base", stage_ar_base, work, data, tokenizer, args)
+        if args.stop_after == "ar_base":
+            return
+    steps, rate = args.finetune_steps, args.finetune_learning_rate
+    trained = {}
+    if "refusion" in branches:
+        converted = None
+        if "refusion" in to_train or args.stop_after == "converted":
+            converted = timings.run("converted", stage_convert, work, ar_base)
+            if args.stop_after == "converted":
+                return
+        name = variant_name(args)
+        trained["refusion"] = timings.run(name, stage_refusion, work, data, converted, args, name, steps, rate)
+    if "ar" in branches and args.stop_after != "refusion":
+        name = baseline_name(args)
+        trained["ar"] = timings.run(name, stage_ar_continued, work, data, ar_base, args, name, steps, rate)
+    if args.more_steps:  # phase 2: both branches alike, each from its phase-1 model as installed
+        stages = {"refusion": (stage_refusion, RefusionForCausalLM), "ar": (stage_ar_continued, Qwen3ForCausalLM)}
+        for branch, phase1_model in trained.items():
+            stage, model_class = stages[branch]
+            start = timings.run(f"{phase1_model.name}_bf16", stage_installed_form, work, phase1_model, model_class)
+            name = f"{phase1_model.name}_then{args.more_steps}"
+            trained[branch] = timings.run(
+                name, stage, work, data, start, args, name, args.more_steps, args.more_learning_rate
+            )
+    if args.stop_after == "refusion":
         return
-    if args.branch in ("both", "refusion"):
-        converted = timings.run("converted", stage_convert, work, ar_base)
-        if args.stop_after == "converted":
-            return
-        refusion = timings.run(variant_name(args), stage_refusion, work, data, converted, args)
-        if args.stop_after == "refusion":
-            return
-    if args.branch in ("both", "ar"):
-        ar_continued = timings.run(baseline_name(args), stage_ar_continued, work, data, ar_base, args)
     if args.install:
         if args.branch != "both":
             raise SystemExit("--install needs both branches: run without --branch (finished stages are reused)")
-        install(refusion, json.loads(args.decoding))
-        install_baseline(ar_continued)
+        install(trained["refusion"], json.loads(args.decoding))
+        install_baseline(trained["ar"])
 
 
 if __name__ == "__main__":
