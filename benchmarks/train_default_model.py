@@ -39,8 +39,10 @@ Run it at low priority while doing other work:
 
     nice -n 19 .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --install
 
-A second phase on top of the installed models, both branches side by side (one thread each):
+A second phase on top of the installed models, both branches side by side (one thread each) once the shared stages
+exist (two processes must not write them at once):
 
+    .venv/bin/python benchmarks/train_default_model.py --stop-after tokenizer
     nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000 --branch refusion \
         --threads 1 &
     nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000 --branch ar \
@@ -361,10 +363,17 @@ def stage_ar_base(work: Path, data: Path, tokenizer_dir: Path, args) -> Path:
     return folder
 
 
+def run_refusion_cli(argv: list[str]) -> None:
+    """A `refusion` command in this process; its failure stops the recipe (a stage is complete only on success)."""
+    status = refusion_cli(argv)
+    if status:
+        raise SystemExit(f"`refusion {argv[0]}` failed (exit status {status}): the stage is not complete")
+
+
 def stage_convert(work: Path, ar_base: Path) -> Path:
     folder = work / "converted"
     if not (folder / "model.safetensors").exists():
-        refusion_cli(["convert", "--base", str(ar_base), "--out", str(folder)])
+        run_refusion_cli(["convert", "--base", str(ar_base), "--out", str(folder)])
     return folder
 
 
@@ -390,7 +399,7 @@ def stage_refusion(work: Path, data: Path, start: Path, args, name: str, steps: 
         return folder
     log(f"{folder.name}: {steps} steps from {start.name}")
     resume = last_checkpoint(folder)
-    refusion_cli(
+    run_refusion_cli(
         [
             "train",
             "--model",
