@@ -32,6 +32,8 @@ def test_a_planted_low_probability_token_is_revised(model64):
     revised = run(model64, [belief], REVISING)
     assert revised.tokens() == [20, 21, 22, 23]
     assert revised.result.revised_tokens == [2]
+    assert revised.result.revision_counts.tolist() == [[0, 0, 1, 1]]  # WRONG and the rest of its slot
+    assert not plain.result.revision_counts.any()
     assert revised.stages == [[Stage.PLAN, Stage.VERIFY, Stage.REVISE, Stage.INFILL_DRAFT, Stage.INFILL_VERIFY,
                                Stage.REVISE, Stage.DONE]]  # fmt: skip
     plan, verify, rescore, draft, verify_tail, rescore_again = revised.fed()
@@ -138,6 +140,9 @@ def test_streamers_see_only_final_tokens_with_revision_on(model64):
     recorder = Recorder(with_drafts=False)
     out = model64.generate(prompt, streamer=recorder, return_dict_in_generate=True, **KNOBS)
     assert int(out.revised_tokens[0]) > 0, "the threshold is high enough to revise on this prompt"
+    counts = out.revision_counts[0]
+    assert counts.shape == out.commit_step[0].shape and int(counts.sum()) <= int(out.revised_tokens[0])
+    assert counts.any() and not counts[out.commit_step[0] < 0].any()  # nothing counted after the answer
     streamed = [token for piece in recorder.puts[1:] for token in piece]
     assert streamed == answer(out.sequences[0], prompt.shape[1]) and recorder.ended
     assert len(recorder.puts) > 2, "pieces arrive block by block"

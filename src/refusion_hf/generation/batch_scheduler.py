@@ -56,6 +56,7 @@ class BatchDecodeResult:
     num_forward_passes: int
     chosen_slots: list[list[list[int]]]
     revised_tokens: list[int]  # per row, positions remasked by revisions (0 without `remask_threshold`)
+    revision_counts: torch.LongTensor  # [B, A] per generated position, the times a revision remasked it
 
 
 def decode_batch(
@@ -167,12 +168,15 @@ def decode_batch(
     length = max(sequence.answer_length for sequence in sequences)
     tokens = torch.full((len(sequences), length), pad_token_id, dtype=torch.long, device=device)
     commit_step = torch.full((len(sequences), length), -1, dtype=torch.long, device=device)
+    revision_counts = torch.zeros((len(sequences), length), dtype=torch.long, device=device)
     answer_lengths = []
     for row, sequence in enumerate(sequences):
         n = sequence.answer_length
         assert sequence.finished_prefix == n, "ReFusion decoding left a hole before the end of the answer"
         tokens[row, :n] = sequence.canvas[:n]
         commit_step[row, :n] = sequence.commit_step[:n]
+        if any(sequence.revisions):
+            revision_counts[row, :n] = torch.tensor(list(sequence.revisions[:n]), dtype=torch.long)
         answer_lengths.append(n)
     return BatchDecodeResult(
         tokens=tokens,
@@ -182,4 +186,5 @@ def decode_batch(
         num_forward_passes=num_forward_passes,
         chosen_slots=[s.trace_chosen for s in sequences],
         revised_tokens=[s.revised_tokens for s in sequences],
+        revision_counts=revision_counts,
     )

@@ -46,7 +46,8 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="seed for sampling at temperature > 0")
     add_dtype_argument(parser)
     parser.add_argument("--no-compare", action="store_true", help="skip the autoregressive comparison")
-    parser.add_argument("--show-order", action="store_true", help="colour the answer by the step that wrote it")
+    parser.add_argument("--show-order", action="store_true",
+                        help="colour the answer by the step that wrote it (underlined: revised)")  # fmt: skip
     parser.add_argument("--trace-out", default=None, help="draw the canvas per step into FILE (.png or .html)")
     parser.set_defaults(func=run)
 

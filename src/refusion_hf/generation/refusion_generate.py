@@ -226,6 +226,7 @@ def generation_output(config, input_ids: torch.LongTensor, result) -> torch.Long
         commit_step=result.commit_step,
         chosen_slots=result.chosen_slots,
         revised_tokens=torch.tensor(result.revised_tokens, dtype=torch.long),
+        revision_counts=result.revision_counts,
     )
 
 

@@ -404,6 +404,9 @@ class RefusionGenerationOutput(ModelOutput):
         positions after the end of the row's answer.
     revised_tokens (`torch.LongTensor` of shape `(batch_size,)`):
         Positions of each row remasked by revisions (`remask_threshold`) and decoded again; 0 when it is unset.
+    revision_counts (`torch.LongTensor` of shape `(batch_size, answer_length)`):
+        For each generated position, how many times a revision remasked it (its token is the last decoding's); 0
+        everywhere when `remask_threshold` is unset and after the end of the row's answer.
     chosen_slots (`list[list[list[int]]]`):
         For each row and each step, the start offsets (relative to the first generated position) of the slots
         chosen by that step's plan (or, with `remask_threshold`, remasked by that step's revision).
@@ -417,3 +420,4 @@ class RefusionGenerationOutput(ModelOutput):
     commit_step: torch.LongTensor | None = None
     chosen_slots: list | None = None
     revised_tokens: torch.LongTensor | None = None
+    revision_counts: torch.LongTensor | None = None
