@@ -18,9 +18,10 @@ prompt's prefill and one verification forward) and the total wall time, with the
 ReFusion accepts no draft beyond each round's first token, so its forward count (and so its wall time after the first
 token) is its worst case, not what a trained model does. The ratios refusion / stock are the issue's goals: peak
 growth at most 1.25x and time to the first token at most 1.1x at 16k and 32k. Prompts of one batch have the same
-length (no padding), as stock's causal prefill then needs no mask either. Each process is capped at
-`--memory-cap-gib` of address space, so a way that would need more fails with a MemoryError (reported) instead of
-filling the machine.
+length (no padding), as stock's causal prefill then needs no mask either. With `--repeats R` each way runs R times
+per setting, the ways alternating, and each measure is the median of its R calls (all kept under `runs`). Each
+process is capped at `--memory-cap-gib` of address space, so a way that would need more fails with a MemoryError
+(reported) instead of filling the machine.
 
     nice -n 0 .venv/bin/python benchmarks/long_context.py --baseline 54d7d0c --out benchmarks/results/long_context.json
 """
@@ -31,6 +32,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,6 +134,21 @@ def run_one(way: str, length: int, batch_size: int, dtype: str, args, src: Path)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+MEASURES = ("peak_growth_mib", "peak_rss_mib", "seconds_to_first_token", "seconds")
+
+
+def median_run(runs: list[dict]) -> dict:
+    """One way's repeated calls as one: the median of each measure (the first failure, if any call failed), and
+    every call's measures under `runs` when there were several."""
+    failed = next((run for run in runs if "failed" in run), None)
+    if failed is not None:
+        return failed
+    summary = {**runs[0], **{key: statistics.median(run[key] for run in runs) for key in MEASURES}}
+    if len(runs) > 1:
+        summary["runs"] = [{key: run[key] for key in MEASURES} for run in runs]
+    return summary
+
+
 def csv_ints(text: str) -> list[int]:
     values = [int(part) for part in text.split(",")]
     if any(value < 1 for value in values):
@@ -149,6 +166,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-cap-gib", type=float, default=16.0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="calls per way and setting, alternating; each measure is their median")  # fmt: skip
     parser.add_argument("--baseline", help="also run ReFusion decoding of this commit (`git archive`)")
     parser.add_argument("--baseline-lengths", type=csv_ints, default=[1024, 4096, 16384])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_context.json"))
@@ -174,8 +193,12 @@ def main() -> None:
             for batch_size in args.batch_sizes:
                 for length in args.lengths:
                     row = {"dtype": dtype, "batch_size": batch_size, "prompt_length": length}
+                    runs = {way: [] for way in WAYS}
+                    for _ in range(args.repeats):  # the ways alternate, so a drift of the machine hits both
+                        for way in WAYS:
+                            runs[way].append(run_one(way, length, batch_size, dtype, args, ROOT / "src"))
                     for way in WAYS:
-                        row[way] = run_one(way, length, batch_size, dtype, args, ROOT / "src")
+                        row[way] = median_run(runs[way])
                     if baseline_src is not None and length in args.baseline_lengths:
                         row["refusion_baseline"] = run_one("refusion", length, batch_size, dtype, args, baseline_src)
                     stock, refusion = row["stock"], row["refusion"]
@@ -198,6 +221,7 @@ def main() -> None:
             "slot_size": args.slot_size,
             "block_size": args.block_size,
             "threads": args.threads,
+            "repeats": args.repeats,
             "load_average_before": [round(load, 2) for load in load_before],
             "load_average_after": [round(load, 2) for load in os.getloadavg()],
             "goals": "at 16k and 32k: peak_growth_ratio <= 1.25 and first_token_ratio <= 1.1 (refusion / stock)",

@@ -282,3 +282,22 @@ def test_parallel_slots_chooses_the_most_accurate_setting_at_twice_the_baseline_
     assert parallel_slots.choose({"a": summary(1.0, 1.5)}) == (None, False)
     with pytest.raises(argparse.ArgumentTypeError, match="at least two slots per block"):
         parallel_slots._slot_settings("8x8")  # one slot per block is not what issue 41 measures
+
+
+def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
+    """`long_context.py --repeats 2` at a tiny prompt: each way runs twice, every call is kept, each measure is
+    the median of the calls, and the ratios are taken from the medians."""
+    out = tmp_path / "long_context.json"
+    command = [sys.executable, "long_context.py", "--lengths", "64", "--batch-sizes", "1", "--dtypes", "float32",
+               "--max-new-tokens", "8", "--repeats", "2", "--threads", "1", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    (row,) = results["rows"]
+    assert results["repeats"] == 2
+    for way in ("stock", "refusion"):
+        calls = row[way]["runs"]
+        assert len(calls) == 2
+        for measure in ("peak_growth_mib", "seconds_to_first_token", "seconds"):
+            assert row[way][measure] == pytest.approx(sum(call[measure] for call in calls) / 2)
+    assert row["wall_time_ratio"] == pytest.approx(row["refusion"]["seconds"] / row["stock"]["seconds"], abs=1e-3)
