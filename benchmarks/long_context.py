@@ -149,6 +149,13 @@ def median_run(runs: list[dict]) -> dict:
     return summary
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive integer")
+    return value
+
+
 def csv_ints(text: str) -> list[int]:
     values = [int(part) for part in text.split(",")]
     if any(value < 1 for value in values):
@@ -166,7 +173,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-cap-gib", type=float, default=16.0)
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--repeats", type=positive_int, default=1,
                         help="calls per way and setting, alternating; each measure is their median")  # fmt: skip
     parser.add_argument("--baseline", help="also run ReFusion decoding of this commit (`git archive`)")
     parser.add_argument("--baseline-lengths", type=csv_ints, default=[1024, 4096, 16384])

@@ -521,6 +521,13 @@ def install_baseline(ar_dir: Path) -> None:
     log(f"installed the AR baseline into {AR_BASELINE}")
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of steps, 0 or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", default=str(ROOT / "out" / "default_model"))
@@ -556,7 +563,7 @@ def main(argv: list[str] | None = None) -> None:
         help="which fine-tuning branch to run (two processes can train the branches side by side)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 per process when running two)")
-    parser.add_argument("--more-steps", type=int, default=0,
+    parser.add_argument("--more-steps", type=non_negative_int, default=0,
                         help="a second phase: each branch trained this many more steps (0: none)")  # fmt: skip
     parser.add_argument("--more-learning-rate", type=float, default=5e-4,
                         help="the second phase's peak learning rate (cosine, 50 warm-up steps)")  # fmt: skip
