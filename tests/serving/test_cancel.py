@@ -170,7 +170,8 @@ def test_stopping_the_server_ends_requests_in_flight(official):
         stopped = time.monotonic() - asked
     client.join(60)
     manager.shutdown()
-    assert len([t for t in starts if t > asked]) > 20 and stopped > 1, (len(starts), stopped)  # decoded to the end
+    # Decoded to the end: most forwards came after the stop was asked, and the last one began before it stopped.
+    assert len([t for t in starts if t > asked]) > 20 and max(starts) < asked + stopped, (len(starts), stopped)
 
     app, state = build_app(folder, dtype="float32", device="cpu")
     with (
