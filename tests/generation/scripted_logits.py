@@ -7,9 +7,9 @@ decides exactly what the decoder sees and asserts how it reacts. The decoder its
 examination, decisions, commits and ragged-cache bookkeeping); the model only lends its config, for the cache.
 
 What a scored query token predicts (docs/design.md §3): a mask predicts the token at its own position (a plan, a
-plan riding along a verification, or an infill re-draft, or a revision's re-score of a slot's first token); a
-written token predicts the token after it (a verification, or a revision's re-score). Each prediction is a peaked
-distribution: probability p on one token, the rest spread evenly.
+plan riding along a verification or a re-score, an infill re-draft, or a revision's re-score of a slot's first
+token); a written token predicts the token after it (a verification, or a revision's re-score). Each prediction is
+a peaked distribution: probability p on one token, the rest spread evenly.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class ScriptedForward:
         elif view is not None and int(view[j, 1] - view[j, 0]) <= self.slot_size:
             said = belief.redraft(offset)  # an infill mask: it sees its own slot's pending entries only
         else:
-            said = belief.plan(offset)  # a plan's mask, or the next plan's riding along a verification
+            said = belief.plan(offset)  # a plan's mask, or the next plan's riding along a verification or re-score
         return self.peaked(*said) if said is not None else torch.zeros(self.vocab_size, dtype=torch.float64)
 
     def peaked(self, token: int, p: float) -> torch.Tensor:

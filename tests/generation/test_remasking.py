@@ -76,7 +76,12 @@ def test_a_position_is_revised_at_most_max_revisions_times(model64):
 
     class Restless(ScriptedForward):
         def _predict(self, belief, query, i, index):
-            if query.hidden is not None and int(query.tokens[i]) == MASK:  # a re-score's mask: something else
+            j = i - query.num_context
+            if (
+                query.hidden is not None
+                and int(query.hidden[j, 1] - query.hidden[j, 0]) > 0
+                and int(query.tokens[i]) == MASK
+            ):  # a re-score's mask (not a plan riding along): something else
                 return self.peaked(30 + len(self.calls), 0.9)  # a new token at every re-score
             return super()._predict(belief, query, i, index)
 
@@ -84,6 +89,52 @@ def test_a_position_is_revised_at_most_max_revisions_times(model64):
     result = decode_batch(model64, [torch.tensor(PROMPT)], REVISING, PAD, forward=forward, on_finish=forward.finished)
     assert 0 < result.revised_tokens[0] <= MAX_REVISIONS * REVISING.max_new_tokens
     assert MASK not in result.tokens[0].tolist()
+
+
+# ------------------------------------------------------------------------- planning ahead with revision on
+TWO_BLOCKS = dataclasses.replace(REVISING, max_new_tokens=8)
+
+
+def test_the_next_blocks_plan_rides_along_the_re_score_and_is_used_when_the_block_closes(model64):
+    """Two blocks of two slots, the model sure of everything. With planning ahead the re-score of block 0 also
+    carries block 1's plan: 4 masks after the re-score's runs, seeing none of them (the runs are never cached) and
+    hiding nothing. The re-score finds nothing to revise and closes the block, so the plan's inputs are those of a
+    plan forward of its own: its drafts are used and block 1 goes straight to verification. Same tokens, commit
+    steps and chosen slots as one forward per stage, one forward fewer."""
+    belief = Belief(answer())
+    ahead = run(model64, [belief], dataclasses.replace(TWO_BLOCKS, plan_ahead=True))
+    alone = run(model64, [belief], TWO_BLOCKS)
+    assert alone.stages == [[Stage.PLAN, Stage.VERIFY, Stage.REVISE, Stage.PLAN, Stage.VERIFY, Stage.REVISE,
+                             Stage.DONE]]  # fmt: skip
+    assert ahead.stages == [[Stage.PLAN, Stage.VERIFY, Stage.REVISE, Stage.VERIFY, Stage.REVISE, Stage.DONE]]
+    rescore = ahead.fed()[2]
+    assert rescore.tokens == [MASK, 20, MASK, 22] + [MASK] * 4 and rescore.offsets == [0, 0, 2, 2, 4, 5, 6, 7]
+    visible = rescore.query.visible
+    assert not visible[4:, :4].any() and not visible[:4, 4:].any()  # neither sees the other
+    assert torch.equal(visible[4:, 4:], torch.ones(4, 4, dtype=torch.bool).tril())  # the masks: causal
+    assert rescore.query.hidden[4:].tolist() == [[0, 0]] * 4  # the masks hide nothing
+    assert ahead.fed()[4].tokens == [MASK, 24, MASK, 26]  # block 1 is the last: its re-score carries no plan
+    assert ahead.result.forward_passes_per_row == [alone.result.forward_passes_per_row[0] - 1]
+    assert ahead.tokens() == alone.tokens() == answer()
+    assert ahead.commit_step() == alone.commit_step()
+    assert ahead.result.chosen_slots == alone.result.chosen_slots
+
+
+def test_a_plan_riding_along_a_re_score_that_revises_is_discarded(model64):
+    """The planted WRONG of the first test, in a two-block answer: block 0's re-score carries block 1's plan, but
+    it revises WRONG, so the block does not close and the plan (which assumed WRONG in view) is discarded. The
+    block's next re-score, after the revised slot is re-decoded, re-feeds nothing, carries the plan again and
+    closes the block: that plan is used. Same answer and revisions as without planning ahead."""
+    belief = Belief(answer(), guess={2: WRONG})
+    ahead = run(model64, [belief], dataclasses.replace(TWO_BLOCKS, plan_ahead=True))
+    alone = run(model64, [belief], TWO_BLOCKS)
+    assert ahead.tokens() == alone.tokens() == answer()
+    assert ahead.result.revision_counts.tolist() == alone.result.revision_counts.tolist() == [[0, 0, 1, 1, 0, 0, 0, 0]]
+    assert ahead.commit_step() == alone.commit_step()
+    first, again = (call for call in ahead.fed() if call.query.hidden is not None and call.offsets[0] == 0)
+    assert first.masks == 2 + 4 and again.masks == 2 + 4  # each re-score: its runs' masks, then block 1's plan
+    assert ahead.stages[0].count(Stage.PLAN) == 1  # the second re-score's plan was used: no plan forward of its own
+    assert ahead.result.forward_passes_per_row == [alone.result.forward_passes_per_row[0] - 1]
 
 
 # ------------------------------------------------------------------------------------ properties (real model)
@@ -123,6 +174,31 @@ def test_revision_keeps_the_contract_and_a_batched_row_equals_the_row_alone(mode
         assert alone.commit_step[0, :n].tolist() == batched.commit_step[row, :n].tolist()
         assert alone.forward_passes_per_row[0] == batched.forward_passes_per_row[row]
         assert alone.revised_tokens[0] == batched.revised_tokens[row]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(4, 60), min_size=1, max_size=6),
+    threshold=st.sampled_from([0.3, 0.6, 0.95]),
+    shape=st.sampled_from([(2, 4), (2, 8), (4, 8)]),
+    max_new_tokens=st.integers(1, 16),
+)
+def test_planning_ahead_with_revision_on_changes_forward_counts_only(model64, prompt, threshold, shape,
+                                                                    max_new_tokens):  # fmt: skip
+    """With revision on, planning ahead (plans riding along verifications and re-scores) decodes the same tokens,
+    commit steps and revisions as one forward per stage, in at most as many forwards."""
+    slot_size, block_size = shape
+    decoding = DecodingSettings(
+        max_new_tokens=max_new_tokens, slot_size=slot_size, block_size=block_size, slot_threshold=0.5,
+        token_threshold=0.4, mask_token_id=MASK, eos_token_ids=(EOS,), remask_threshold=threshold, plan_ahead=True,
+    )  # fmt: skip
+    ahead = decode_batch(model64, [torch.tensor(prompt)], decoding, PAD)
+    alone = decode_batch(model64, [torch.tensor(prompt)], dataclasses.replace(decoding, plan_ahead=False), PAD)
+    n = alone.answer_lengths[0]
+    assert ahead.answer_lengths[0] == n and ahead.tokens[0, :n].tolist() == alone.tokens[0, :n].tolist()
+    assert ahead.commit_step[0, :n].tolist() == alone.commit_step[0, :n].tolist()
+    assert ahead.revision_counts.tolist() == alone.revision_counts.tolist()
+    assert ahead.forward_passes_per_row[0] <= alone.forward_passes_per_row[0]
 
 
 # ------------------------------------------------------------------------- the generate contract with revision on

@@ -158,8 +158,9 @@ class _StopAfter(EosTokenCriteria):
 
 
 def test_while_decoding_only_the_owner_writes_the_state(model64, monkeypatch):
-    """Rows in every stage: a plan riding along, a rejected draft (infill), an EOS accepted in infill, a revision
-    and a stopping criterion's cut; every attribute write on the state comes from sequence_state.py."""
+    """Rows in every stage: plans riding along (verifications and re-scores), a rejected draft (infill), an EOS
+    accepted in infill, a revision, a plan of its own and a stopping criterion's cut; every attribute write on the
+    state comes from sequence_state.py."""
     recorder = _Recorder()
     recorder.patch(SequenceState, monkeypatch)
     recorder.patch(ChosenSlots, monkeypatch)
@@ -171,10 +172,11 @@ def test_while_decoding_only_the_owner_writes_the_state(model64, monkeypatch):
         Belief([20, 21, 22, 23, 24, 25, 26, 27]),  # sure of everything: the plans ride along
         Belief([20, 21, 22, EOS, 24, 25, 26, 27], follow_p={2: UNSURE}),  # infill, then an EOS
         Belief([20, 21, 22, 23, 24, 25, 26, 27], guess={1: 40}, draft_p={1: UNSURE}),  # a revision's cut
+        Belief([20, 21, 22, 23, 24, 25, 26, 27], draft_p={1: UNSURE, 2: UNSURE}),  # one slot chosen, then a plan
     ]
     prompts = [torch.tensor([10, 11, 12])] * len(beliefs)
     forward = ScriptedForward(beliefs, model64.config.vocab_size, settings.slot_size)
-    stopping = PrefixStopping(StoppingCriteriaList([_StopAfter(3, 6)]), torch.tensor([[10, 11, 12]] * 3), PAD)
+    stopping = PrefixStopping(StoppingCriteriaList([_StopAfter(3, 6)]), torch.tensor([[10, 11, 12]] * 4), PAD)
     seen_stages = set()
     result = decode_batch(
         model64, prompts, settings, PAD, stopping=stopping, forward=forward, on_finish=forward.finished,

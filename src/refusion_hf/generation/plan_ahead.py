@@ -1,17 +1,21 @@
 """Planning ahead (`DecodingSettings.plan_ahead`): a unit that wraps a verification stage (VERIFY or INFILL_VERIFY)
-and runs the next plan inside its forward (docs/design.md §3).
+or, with `remask_threshold` set, the REVISE stage, and runs the next plan inside its forward (docs/design.md §3).
 
-The wrapped stage's query also carries the next PLAN's mask tokens, seeing every token of the current query. When
-the wrapped stage then commits exactly those tokens and the pool is the one assumed, the next plan's inputs are
-the same as in a PLAN forward of its own (same cache entries in the same order, same masks at the same positions),
-so its logits are used and that forward is saved; otherwise they are discarded. Results do not change (up to
-float rounding of a differently shaped matmul); only forward passes are saved. The masks ride along only when
-that outcome is likely: every draft still to be verified was drafted with a probability above the token threshold
-(extra query tokens are not free on a CPU), and no draft to be verified is an EOS whose acceptance would drop the
-plan's slots (`plan_cannot_hold`).
+The wrapped stage's query also carries the next PLAN's mask tokens. After a verification they see every token of
+the query, and the plan holds when the verification commits exactly those tokens; after a revision's re-score
+(which closes the block when it finds nothing to revise) they see none of the re-score's runs, which are never
+cached, and the plan is the next block's: it holds when the block closes. When it holds and the pool is the one
+assumed, the next plan's inputs are the same as in a PLAN forward of its own (same cache entries in the same order,
+same masks at the same positions), so its logits are used and that forward is saved; otherwise they are
+discarded. Results do not change (up to float rounding of a differently shaped matmul); only forward passes are
+saved. After a verification the masks ride along only when that outcome is likely: every draft still to be
+verified was drafted with a probability above the token threshold (extra query tokens are not free on a CPU), and
+no draft to be verified is an EOS whose acceptance would drop the plan's slots (`plan_cannot_hold`). After a
+re-score they ride along whenever there is a next block and no re-fed context (a revision's re-score usually closes
+the block).
 
-`PlanAhead` is registered (stages.py) over VERIFY and INFILL_VERIFY, under the `plan_ahead` knob: with it off the
-verification units run alone. It decides nothing itself: the wrapped unit's transition is applied, then, when the
+`PlanAhead` is registered (stages.py) over VERIFY, INFILL_VERIFY and REVISE, under the `plan_ahead` knob: with it
+off those units run alone. It decides nothing itself: the wrapped unit's transition is applied, then, when the
 plan holds, the plan unit's.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
@@ -30,16 +34,17 @@ ALL_PENDING = (0, 2**62)  # `Query.pending_view` of a token that sees every pend
 
 
 class PlanAhead(StageUnit):
-    """`verify` (a verification unit), with the next plan (`plan`, the PLAN unit) riding along its forwards."""
+    """`wrapped` (a verification or the revision unit), with the next plan (`plan`, the PLAN unit) riding along its
+    forwards."""
 
-    def __init__(self, verify: StageUnit, plan: StageUnit):
-        self.verify, self.plan, self.stage = verify, plan, verify.stage
+    def __init__(self, wrapped: StageUnit, plan: StageUnit):
+        self.wrapped, self.plan, self.stage = wrapped, plan, wrapped.stage
 
     def batched(self, policy) -> bool:
-        return self.verify.batched(policy)
+        return self.wrapped.batched(policy)
 
     def query(self, state: SequenceState) -> StageQuery:
-        return with_lookahead(state, self.verify.query(state))
+        return with_lookahead(state, self.wrapped.query(state))
 
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
         raise AssertionError("PlanAhead examines nothing itself: its parts are the wrapped unit's and the plan's")
@@ -49,9 +54,9 @@ class PlanAhead(StageUnit):
     ) -> list[ExaminedPart]:
         lookahead = fed.lookahead
         if lookahead is None:
-            return self.verify.parts(state, fed, row, logits, into)
+            return self.wrapped.parts(state, fed, row, logits, into)
         own, num_scored = lookahead.after, fed.query.num_scored
-        parts = [ExaminedPart(state, fed, self.verify, row, 0, own)]
+        parts = [ExaminedPart(state, fed, self.wrapped, row, 0, own)]
         # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
         # would consume the random generator even when the plan is then discarded, so a sampled plan is drawn in
         # `advance`, only once it is known to hold (one more host read, for that row).
@@ -62,7 +67,7 @@ class PlanAhead(StageUnit):
         return parts
 
     def advance(self, state: SequenceState, fed: StageQuery, examination: RowExamination) -> Kept:
-        kept = self.verify.advance(state, fed, examination)
+        kept = self.wrapped.advance(state, fed, examination)
         if plan_holds(state, fed, kept):
             if examination.extra_logits is not None:  # sampled: drawn now that it holds
                 read, payloads = examine_plans([state], examination.extra_logits[None], [state.pool])
@@ -85,48 +90,61 @@ def plan_cannot_hold(state: SequenceState, slots: list[int]) -> bool:
 
 
 def with_lookahead(state: SequenceState, fed: StageQuery) -> StageQuery:
-    """Append the next plan's masks to a verification query (when planning ahead, the step will likely commit
-    everything, and the plan could hold): they see every query token and, causally, each other; the query's own
-    tokens do not see them. Verification queries carry no context, so query and scored indices coincide.
-    Likely to commit everything: every draft this verification must accept was drafted with probability above the
-    token threshold (the always-accepted token of each slot aside), as read on the host when drafted."""
-    if not all(state.chosen.confident):
-        return fed
-    slots = state.pool_after_commit()
-    if not slots or plan_cannot_hold(state, slots):
-        return fed
+    """Append the next plan's masks to the wrapped stage's query when that plan could hold, causal among
+    themselves; the query's own tokens do not see them. After a verification (likely to commit everything: every
+    draft it must accept was drafted with probability above the token threshold, the always-accepted token of
+    each slot aside, as read on the host when drafted) they see every query token; after a re-score (the next
+    block's plan, if the block closes) none. Queries with re-fed context carry no plan: a verification never has
+    one, and a re-score has one only when a revision rewrote a slot's last token (rare: the plan would have to see
+    the re-fed block as context)."""
     query = fed.query
-    if query.num_context:  # never so: a revision's re-fed context goes with the draft forward before verification
+    if query.num_context:
+        return fed
+    revising = state.stage is Stage.REVISE
+    if revising:
+        slots = [] if state.pool else state.next_block_slots()
+    elif not all(state.chosen.confident):
+        return fed
+    else:
+        slots = state.pool_after_commit()
+        if slots and plan_cannot_hold(state, slots):
+            return fed
+    if not slots:
         return fed
     q = query.tokens.shape[0]
     masks = torch.full((len(slots) * state.settings.slot_size,), state.settings.mask_token_id, device=state.device)
     m = masks.shape[0]
-    if query.visible is causal(q, state.device):  # a causal query (VERIFY's): with the masks, causal again
+    if not revising and query.visible is causal(q, state.device):  # a causal query (VERIFY's): causal again
         visible = causal(q + m, state.device)
     else:
         visible = torch.zeros(q + m, q + m, dtype=torch.bool, device=state.device)
         visible[:q, :q] = query.visible
-        visible[q:, :q] = True
+        visible[q:, :q] = not revising
         visible[q:, q:] = causal(m, state.device)
     view = query.pending_view
     if view is not None:  # the masks see every pending entry (all of them are committed if the plan holds)
         view = torch.cat([view, torch.tensor([ALL_PENDING], device=state.device).expand(m, 2)])
+    hidden = query.hidden
+    if hidden is not None:  # the masks hide nothing (the empty range)
+        hidden = torch.cat([hidden, hidden.new_zeros(m, 2)])
     ahead = Query(
         torch.cat([query.tokens, masks]),
         torch.cat([query.positions, state.slot_positions(slots)]),
         visible,
         pending_view=view,
+        hidden=hidden,
     )
-    return StageQuery(ahead, fed.layout, Lookahead(slots, after=q))
+    return StageQuery(ahead, fed.layout, Lookahead(slots, after=q, commits=0 if revising else q))
 
 
 def plan_holds(state: SequenceState, fed: StageQuery, kept: Kept) -> bool:
-    """Whether the plan that rode along `fed` is the next plan: the stage committed the whole query before the
-    masks and the pool is the one the plan assumed (then the state is at PLAN)."""
+    """Whether the plan that rode along `fed` is the next plan: the stage committed what the plan assumed and took
+    nothing back, and the pool is the one the plan assumed (then the state is at PLAN)."""
     lookahead = fed.lookahead
     return (
         lookahead is not None
-        and kept.committed == lookahead.after
+        and kept.committed == lookahead.commits
+        and kept.invalidate_from is None
         and state.pool == lookahead.slots
         and state.stage is Stage.PLAN
     )

@@ -171,8 +171,9 @@ KNOBS: tuple[DecodingKnob, ...] = (
         name="plan_ahead", type=bool, default=True,
         help="When every draft of the current step was drafted above `token_threshold`, run the next step's plan "
         "inside the forward that verifies the current step, and use it if that step commits everything it verified "
-        "(otherwise it is discarded). Same tokens (up to float rounding), fewer forward passes; `False` runs every "
-        "plan as a forward of its own, as the authors' decoder does.",
+        "(otherwise it is discarded); with `remask_threshold` set, run the next block's plan inside the block's "
+        "re-score, and use it if the block closes. Same tokens (up to float rounding), fewer forward passes; "
+        "`False` runs every plan as a forward of its own, as the authors' decoder does.",
     ),
     DecodingKnob(
         name="remask_threshold", type=float, default=None, low=0, low_open=True, high=1,

@@ -26,7 +26,8 @@ then grows; no position is remasked more than `MAX_REVISIONS` times, so decoding
 re-decode its slots.
 
 Tokens become final when their block closes, so streamers and stopping criteria lag by up to a block (a streamed
-token is never taken back). Plans of the next block never ride along a verification that completes a block.
+token is never taken back). Plans of the next block never ride along a verification that completes a block;
+with `plan_ahead` they ride along the block's re-score, and hold when it closes the block (plan_ahead.py).
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """

@@ -41,10 +41,12 @@ from .transitions import Kept, Transition
 
 @dataclass(frozen=True)
 class Lookahead:
-    """The next plan's masks appended to a verification query, and what that plan assumes."""
+    """The next plan's masks appended to a wrapped stage's query, and what that plan assumes."""
 
     slots: list[int]  # the pool the next plan would have
-    after: int  # query tokens before the masks: all of them must be committed, in query order
+    after: int  # query tokens before the masks (the wrapped stage's own)
+    commits: int  # of those, how many the stage must commit (in query order, nothing taken back) for the plan to
+    # hold: all of a verification's; none of a revision's (its re-score runs are never cached)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class StageQuery:
 
     query: Query
     layout: Any = None  # the stage's own description of what it fed (infill: `InfillFeed`), for its `decide`
-    lookahead: Lookahead | None = None  # the next plan riding along (verification stages)
+    lookahead: Lookahead | None = None  # the next plan riding along (verification and revision stages)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ transition, applied by `SequenceState.apply`). Nothing here knows a particular s
 
 Which unit serves a stage is registered: `register_stage(stage, make, knob=...)` puts `make(unit below)` over the
 stage's unit for the sequences whose settings have `knob` set (every sequence when `knob` is None). The built-in
-stages register below; planning ahead is `PlanAhead` registered over the two verification stages under the
-`plan_ahead` knob. A new decoding mode is a unit in its own module, one `register_stage` call and its knob.
+stages register below; planning ahead is `PlanAhead` registered over the two verification stages and REVISE
+under the `plan_ahead` knob. A new decoding mode is a unit in its own module, one `register_stage` call and its knob.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -96,6 +96,7 @@ register_stage(Stage.INFILL_VERIFY, lambda _: InfillVerifyStage())
 register_stage(Stage.REVISE, lambda _: ReviseStage())
 register_stage(Stage.VERIFY, lambda verify: PlanAhead(verify, _plan), knob="plan_ahead")
 register_stage(Stage.INFILL_VERIFY, lambda verify: PlanAhead(verify, _plan), knob="plan_ahead")
+register_stage(Stage.REVISE, lambda revise: PlanAhead(revise, _plan), knob="plan_ahead")
 
 
 @dataclass
