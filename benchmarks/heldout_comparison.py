@@ -30,6 +30,28 @@ TUNING_SEEDS = (7, 100)  # decoding choices (defaults, variants, thresholds) are
 POINTS, RATIO = 3.0, 2.0  # the targets
 
 
+def seeds_argument(text: str) -> list[int]:
+    """argparse type: comma-separated seeds."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def summarize_rows(rows: list[dict]) -> dict:
+    """`side_by_side` rows of one setting over a group of seeds: mean accuracies and points behind, speed ratios
+    (min and median over the seeds), tokens per forward."""
+    return {
+        "seeds": [r["seed"] for r in rows],
+        "mean_accuracy": round(statistics.fmean(r["refusion_accuracy"] for r in rows), 9),  # no float-noise ties
+        "mean_baseline_accuracy": statistics.fmean(r["baseline_accuracy"] for r in rows),
+        "mean_points_behind": round(statistics.fmean(r["points_behind"] for r in rows), 2),
+        "min_speedup": min(r["speedup"] for r in rows),
+        "median_speedup": statistics.median(r["speedup"] for r in rows),
+        "mean_tokens_per_forward": statistics.fmean(r["refusion_tokens_per_forward"] for r in rows),
+    }
+
+
 def evaluate(arguments: list[str]) -> dict:
     from refusion_hf.cli import main as refusion_cli  # here: importing this module stays cheap (remasking.py's tests)
 

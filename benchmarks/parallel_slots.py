@@ -25,13 +25,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from heldout_comparison import HELD_OUT_SEEDS, POINTS, RATIO, ROOT, TUNING_SEEDS, eval_flags, side_by_side
+from heldout_comparison import (
+    HELD_OUT_SEEDS,
+    POINTS,
+    RATIO,
+    ROOT,
+    TUNING_SEEDS,
+    eval_flags,
+    seeds_argument,
+    side_by_side,
+    summarize_rows,
+)
 from results_file import write_results
 
 MODEL = ROOT / "src" / "refusion_hf" / "assets" / "default_model"
@@ -108,22 +117,6 @@ def _remask(text: str) -> list[float | None]:
     return values
 
 
-def _seeds(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
-def summarize(rows: list[dict]) -> dict:
-    return {
-        "seeds": [r["seed"] for r in rows],
-        "mean_accuracy": round(statistics.fmean(r["refusion_accuracy"] for r in rows), 9),
-        "mean_baseline_accuracy": statistics.fmean(r["baseline_accuracy"] for r in rows),
-        "mean_points_behind": round(statistics.fmean(r["points_behind"] for r in rows), 2),
-        "min_speedup": min(r["speedup"] for r in rows),
-        "median_speedup": statistics.median(r["speedup"] for r in rows),
-        "mean_tokens_per_forward": statistics.fmean(r["refusion_tokens_per_forward"] for r in rows),
-    }
-
-
 def meets(summary: dict) -> bool:
     return summary["mean_points_behind"] <= POINTS and summary["min_speedup"] >= RATIO
 
@@ -188,8 +181,8 @@ def main() -> None:
                         help="SLOT/TOKEN threshold pairs")  # fmt: skip
     parser.add_argument("--remask", type=_remask, default=_remask("none,0.1"),
                         help="remask thresholds, 'none' for revision off")  # fmt: skip
-    parser.add_argument("--tuning-seeds", type=_seeds, default=list(TUNING_SEEDS))
-    parser.add_argument("--heldout-seeds", type=_seeds, default=list(HELD_OUT_SEEDS))
+    parser.add_argument("--tuning-seeds", type=seeds_argument, default=list(TUNING_SEEDS))
+    parser.add_argument("--heldout-seeds", type=seeds_argument, default=list(HELD_OUT_SEEDS))
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--num-threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "parallel_slots.json"))
@@ -224,12 +217,12 @@ def main() -> None:
         for slot_threshold, token_threshold in args.thresholds
         for remask in args.remask
     ]
-    tuning = {d.name: summarize([run(d, "tuning", seed) for seed in args.tuning_seeds]) for d in grid}
+    tuning = {d.name: summarize_rows([run(d, "tuning", seed) for seed in args.tuning_seeds]) for d in grid}
     choice, meets_on_tuning = choose(tuning)
     chosen = next((d for d in grid if d.name == choice), None)
     held_out = {}
     if chosen is not None and args.heldout_seeds:
-        held_out[choice] = summarize([run(chosen, "held_out", seed) for seed in args.heldout_seeds])
+        held_out[choice] = summarize_rows([run(chosen, "held_out", seed) for seed in args.heldout_seeds])
     goal_met = choice in held_out and meets(held_out[choice])
     png = out.with_suffix(".png")
     plot(tuning, held_out, png)

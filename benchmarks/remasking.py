@@ -22,13 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from heldout_comparison import HELD_OUT_SEEDS, RATIO, ROOT, TUNING_SEEDS, eval_flags, side_by_side
+from heldout_comparison import (
+    HELD_OUT_SEEDS,
+    RATIO,
+    ROOT,
+    TUNING_SEEDS,
+    eval_flags,
+    seeds_argument,
+    side_by_side,
+    summarize_rows,
+)
 from results_file import write_results
 
 INSTALLED = "installed"  # the slot setting of the model's generation config
@@ -93,13 +101,6 @@ def _slot_settings(text: str) -> list[str]:
     return settings
 
 
-def _seeds(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def measure(args, setting: Setting, group: str, seed: int, flags: list[str]) -> dict:
     """One side-by-side run: the comparison row plus the revision figures and the run's wall time."""
     start = time.perf_counter()
@@ -133,13 +134,7 @@ def add_extra_forwards(rows: list[dict]) -> None:
 def summarize(rows: list[dict]) -> dict:
     """One group of seeds at one setting: mean accuracies, speed ratios, revision figures."""
     return {
-        "seeds": [r["seed"] for r in rows],
-        "mean_accuracy": round(statistics.fmean(r["refusion_accuracy"] for r in rows), 9),  # no float-noise ties
-        "mean_baseline_accuracy": statistics.fmean(r["baseline_accuracy"] for r in rows),
-        "mean_points_behind": round(statistics.fmean(r["points_behind"] for r in rows), 2),
-        "min_speedup": min(r["speedup"] for r in rows),
-        "median_speedup": statistics.median(r["speedup"] for r in rows),
-        "mean_tokens_per_forward": statistics.fmean(r["refusion_tokens_per_forward"] for r in rows),
+        **summarize_rows(rows),
         "revised_tokens_per_answer": _pooled(rows, "revised_tokens"),
         "extra_forwards_per_answer": _pooled_extra(rows),
     }
@@ -228,8 +223,8 @@ def main() -> None:
     parser.add_argument("--slot-settings", type=_slot_settings, default=_slot_settings(f"{INSTALLED},8x16"),
                         help=f"'{INSTALLED}' (the model's generation config) and SLOTxBLOCK multi-slot settings "
                         f"(default: {INSTALLED},8x16)")  # fmt: skip
-    parser.add_argument("--tuning-seeds", type=_seeds, default=list(TUNING_SEEDS))
-    parser.add_argument("--heldout-seeds", type=_seeds, default=list(HELD_OUT_SEEDS))
+    parser.add_argument("--tuning-seeds", type=seeds_argument, default=list(TUNING_SEEDS))
+    parser.add_argument("--heldout-seeds", type=seeds_argument, default=list(HELD_OUT_SEEDS))
     parser.add_argument("--limit", type=int, default=60)
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "remasking.json"))
