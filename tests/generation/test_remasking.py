@@ -236,6 +236,22 @@ def test_sampling_with_revision_on_keeps_the_contract_and_is_reproducible(model6
     assert MASK not in tokens[:n] and all(t == PAD for t in tokens[n:]) and EOS not in tokens[: n - 1]
 
 
+def test_sampling_with_revision_on_draws_the_same_tokens_with_or_without_planning_ahead(model64):
+    """A plan riding along a re-score is drawn only once it holds, so the random generator is consumed in the same
+    order as with a plan forward of its own: same seed, same tokens, revisions and commit steps."""
+
+    def sample(plan_ahead):
+        torch.manual_seed(3)
+        ids = torch.tensor([PROMPTS[0]])
+        knobs = dict(KNOBS, plan_ahead=plan_ahead)
+        return model64.generate(ids, do_sample=True, temperature=1.5, return_dict_in_generate=True, **knobs)
+
+    ahead, alone = sample(True), sample(False)
+    assert torch.equal(ahead.sequences, alone.sequences) and torch.equal(ahead.commit_step, alone.commit_step)
+    assert torch.equal(ahead.revision_counts, alone.revision_counts) and int(ahead.revised_tokens[0]) > 0
+    assert ahead.forward_passes_per_row[0] < alone.forward_passes_per_row[0]
+
+
 def test_continuous_batching_with_revision_on_equals_each_request_alone(model64):
     """`generate_batch` (a continuous batch of 2 rows for 3 requests) decodes each request as `generate` alone."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
