@@ -11,7 +11,12 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
     per step, one token per infill round, the slowest); real decoding lies between them. EOS is suppressed in
     both decodings so every row generates the full length;
 (c) device-to-host syncs (`aten::_local_scalar_dense` and `aten::item` in torch.profiler) and the share of time
-    outside the model forward, for one ReFusion call.
+    outside the model forward, for one ReFusion call;
+(d) long prompts (issue 38), batch 1, 4k to 32k tokens: the device memory a call allocates above what is held before
+    it (the weights; `torch.cuda.max_memory_allocated`), the time to its first committed token and its whole time,
+    ReFusion (slot 8, block 32) against HF greedy on the same weights, the median of `--repeats` calls after a
+    short warm-up call each. The first token is timed as `long_context.py` times it (`FirstTokenClock`), with the
+    device synchronised before the clock is read.
 
     python benchmarks/gpu_readiness.py                      # CUDA, 8B shape (a few minutes on one H100 / H200)
     python benchmarks/gpu_readiness.py --shape tiny --device cpu   # the smoke test the suite runs
@@ -37,6 +42,8 @@ SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096),
 }  # fmt: skip
 CACHE_LENGTHS = {"8b": (256, 1024, 4096), "tiny": (64, 256)}
+LONG_PROMPTS = {"8b": (4096, 16384, 32768), "tiny": (256, 1024)}
+SECTIONS = ("forward_latency", "end_to_end", "overhead", "long_prompts")
 QUERY_LENGTHS = (1, 8, 16, 32, 64, 128)
 
 
@@ -163,30 +170,86 @@ def overhead(model, device, prompt_length: int, new_tokens: int) -> dict:
     }
 
 
+@torch.no_grad()
+def long_prompts(model, device, lengths, new_tokens: int, repeats: int) -> list[dict]:
+    from long_context import FirstTokenClock
+
+    rows = []
+    vocab = model.config.vocab_size
+    ways = {
+        "HF greedy": ("stock", dict(decoding="autoregressive")),
+        "ReFusion": ("refusion", dict(slot_size=8, block_size=32)),
+    }
+    for length in lengths:
+        ids = torch.randint(3, vocab - 1, (1, length), device=device)
+        by_way = {}
+        for decoding, (way, knobs) in ways.items():
+            clock = FirstTokenClock(way, functools.partial(sync, device))
+            settings = dict(max_new_tokens=new_tokens, do_sample=False, suppress_tokens=[0], **knobs)
+            model.generate(ids[:, :16], **settings)  # warm-up: lazy allocations
+            calls = []
+            for _ in range(repeats):
+                clock.at = None
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    held = torch.cuda.memory_allocated(device)
+                sync(device)
+                start = time.perf_counter()
+                model.generate(ids, stopping_criteria=clock.criteria(), **settings)
+                sync(device)
+                seconds = time.perf_counter() - start
+                grown = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
+                calls.append({"peak_growth_mib": grown / 2**20 if grown is not None else None,
+                              "seconds_to_first_token": clock.at - start, "seconds": seconds})  # fmt: skip
+            by_way[decoding] = {key: None if calls[0][key] is None else statistics.median(call[key] for call in calls)
+                                for key in calls[0]}  # fmt: skip
+            rows.append({"prompt": length, "decoding": decoding, **by_way[decoding], "calls": calls})
+        refusion, stock = by_way["ReFusion"], by_way["HF greedy"]
+        memory = refusion["peak_growth_mib"] / stock["peak_growth_mib"] if stock["peak_growth_mib"] else None
+        rows.append({"prompt": length, "decoding": "ratio ReFusion / HF greedy", "peak_growth": memory,
+                     "first_token": refusion["seconds_to_first_token"] / stock["seconds_to_first_token"]})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_readiness_<shape>_<device>.json")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, in this order: {', '.join(SECTIONS)} (default: all)")  # fmt: skip
     args = parser.parse_args()
+    sections = args.sections.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.shape, device, dtype)
     tiny = args.shape == "tiny"
     prompt_length, new_tokens = (32, 32) if tiny else (256, 256)
     results = {
-        "command": f"benchmarks/gpu_readiness.py --shape {args.shape} --device {args.device}",
+        "command": f"benchmarks/gpu_readiness.py --shape {args.shape} --device {args.device} --repeats {args.repeats}"
+        f" --sections {args.sections}",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
         "shape": SHAPES[args.shape],
         "weights": "random (the checkpoint cannot be downloaded here); acceptance forced, see the docstring",
-        "forward_latency": forward_latency(model, device, CACHE_LENGTHS[args.shape], args.repeats),
-        "end_to_end": end_to_end(model, device, (1, 8), prompt_length, new_tokens, max(1, args.repeats // 2)),
-        "overhead": overhead(model, device, prompt_length, new_tokens),
+    }
+    run = {
+        "forward_latency": lambda: forward_latency(model, device, CACHE_LENGTHS[args.shape], args.repeats),
+        "end_to_end": lambda: end_to_end(model, device, (1, 8), prompt_length, new_tokens, max(1, args.repeats // 2)),
+        "overhead": lambda: overhead(model, device, prompt_length, new_tokens),
+        "long_prompts": lambda: long_prompts(model, device, LONG_PROMPTS[args.shape], 32, max(1, args.repeats // 2)),
     }
     out = args.out or Path(__file__).parent / "results" / f"gpu_readiness_{args.shape}_{args.device}.json"
-    write_results(results, out)
+    for section in SECTIONS:  # each section's results are written as soon as it ends: a run cut short keeps them
+        if section in sections:
+            start = time.perf_counter()
+            results[section] = run[section]()
+            results.setdefault("section_seconds", {})[section] = time.perf_counter() - start
+            write_results(results, out)
 
 
 if __name__ == "__main__":

@@ -56,10 +56,55 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+class FirstTokenClock:
+    """When a `generate()` call's first token is committed. Stock's: when its stopping criteria are first called
+    (pass `criteria()`), once its first token exists. ReFusion's, which commits out of order: at its first commit
+    (the state's writer is wrapped in this process; the newest clock reads it). `synchronize` runs before the clock
+    is read (a GPU's queue). `at` is that `time.perf_counter()` reading, None until then: reset it before a call."""
+
+    def __init__(self, way: str, synchronize=lambda: None):
+        self.at, self.way, self.synchronize = None, way, synchronize
+        if way == "refusion":
+            self._wrap_first_commit()
+
+    def note(self) -> None:
+        if self.at is None:
+            self.synchronize()
+            self.at = time.perf_counter()
+
+    def criteria(self):
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        note = self.note
+
+        class FirstToken(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                note()
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+        return StoppingCriteriaList([] if self.way == "refusion" else [FirstToken()])
+
+    def _wrap_first_commit(self) -> None:
+        from refusion_hf.generation.sequence_state import SequenceState
+
+        name = "_commit" if hasattr(SequenceState, "_commit") else "commit"  # `apply`'s writer since issue 40
+        commit = getattr(SequenceState, name)
+        original = getattr(commit, "unwrapped", commit)
+        clock = self
+
+        def timed_commit(state, *arguments, **keywords):
+            clock.note()
+            return original(state, *arguments, **keywords)
+
+        timed_commit.unwrapped = original
+        setattr(SequenceState, name, timed_commit)
+
+
 def measure_one(way: str, length: int, batch_size: int, dtype_name: str, args) -> dict:
     """Runs in its own process: build the model, warm up, then one timed `generate()`."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM, StoppingCriteria, StoppingCriteriaList
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, dtype_name)
@@ -77,29 +122,10 @@ def measure_one(way: str, length: int, batch_size: int, dtype_name: str, args) -
     model = model.to(dtype).eval()
     prompts = torch.randint(0, vocab - 2, (batch_size, length), generator=torch.Generator().manual_seed(1))
 
-    class FirstToken(StoppingCriteria):
-        def __init__(self):
-            self.at = None
-
-        def __call__(self, input_ids, scores, **kwargs):
-            self.at = self.at or time.perf_counter()
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    first = FirstToken()
-    if way == "refusion":  # ReFusion commits out of order: its first committed token is its first commit
-        from refusion_hf.generation.sequence_state import SequenceState
-
-        name = "_commit" if hasattr(SequenceState, "_commit") else "commit"  # `apply`'s writer since issue 40
-        commit = getattr(SequenceState, name)
-
-        def timed_commit(self, *arguments, **keywords):
-            first.at = first.at or time.perf_counter()
-            return commit(self, *arguments, **keywords)
-
-        setattr(SequenceState, name, timed_commit)
+    first = FirstTokenClock(way)
     model.generate(prompts[:, :16], max_new_tokens=4, do_sample=False, **knobs)  # warm-up: lazy allocations
     first.at = None
-    criteria = StoppingCriteriaList([] if way == "refusion" else [first])
+    criteria = first.criteria()
     before, peak_before = current_rss_bytes(), peak_rss_bytes()
     start = time.perf_counter()
     out = model.generate(

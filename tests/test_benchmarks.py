@@ -23,6 +23,10 @@ def test_gpu_readiness_runs_end_to_end_at_the_tiny_shape(tmp_path):
     decodings = {(row["batch"], row["decoding"]) for row in results["end_to_end"]}
     assert (8, "HF greedy") in decodings and (1, "ReFusion, forced: all accepted") in decodings
     assert results["overhead"]["forward_passes"] > 0 and 0 <= results["overhead"]["share_outside_forward"] < 1
+    calls = [row for row in results["long_prompts"] if not row["decoding"].startswith("ratio")]
+    assert {(row["prompt"], row["decoding"]) for row in calls} >= {(256, "HF greedy"), (1024, "ReFusion")}
+    for row in calls:  # the first committed token is timed inside the call, after the prompt was read
+        assert 0 < row["seconds_to_first_token"] <= row["seconds"]
 
 
 def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
