@@ -14,8 +14,11 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
     outside the model forward, for one ReFusion call;
 (d) long prompts (issue 38), batch 1, 4k to 32k tokens: the device memory a call allocates above what is held before
     it (the weights; `torch.cuda.max_memory_allocated`), the time to its first committed token and its whole time,
-    ReFusion (slot 8, block 32) against HF greedy on the same weights, the median of `--repeats` calls after a
-    short warm-up call each. The first token is timed as `long_context.py` times it (`FirstTokenClock`), with the
+    ReFusion (slot 8, block 32) against HF greedy on the same weights, the median of `--repeats` // 2 calls after
+    a short warm-up call each. ReFusion runs twice: at its default thresholds (random weights accept no draft beyond
+    a round's first token, so its first slot is written token by token: the slow bound) and with acceptance forced
+    (thresholds 0: its first commit follows the prefill, one plan and one verification: the fast bound). The first
+    token is timed as `long_context.py` times it (`FirstTokenClock`), with the
     device synchronised before the clock is read.
 
     python benchmarks/gpu_readiness.py                      # CUDA, 8B shape (a few minutes on one H100 / H200)
@@ -176,9 +179,11 @@ def long_prompts(model, device, lengths, new_tokens: int, repeats: int) -> list[
 
     rows = []
     vocab = model.config.vocab_size
+    refusion = dict(slot_size=8, block_size=32)
     ways = {
         "HF greedy": ("stock", dict(decoding="autoregressive")),
-        "ReFusion": ("refusion", dict(slot_size=8, block_size=32)),
+        "ReFusion": ("refusion", refusion),
+        "ReFusion, forced: all accepted": ("refusion", dict(refusion, slot_threshold=0.0, token_threshold=0.0)),
     }
     for length in lengths:
         ids = torch.randint(3, vocab - 1, (1, length), device=device)
@@ -195,19 +200,24 @@ def long_prompts(model, device, lengths, new_tokens: int, repeats: int) -> list[
                     held = torch.cuda.memory_allocated(device)
                 sync(device)
                 start = time.perf_counter()
-                model.generate(ids, stopping_criteria=clock.criteria(), **settings)
+                out = model.generate(ids, stopping_criteria=clock.criteria(), return_dict_in_generate=True, **settings)
                 sync(device)
                 seconds = time.perf_counter() - start
                 grown = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
                 calls.append({"peak_growth_mib": grown / 2**20 if grown is not None else None,
-                              "seconds_to_first_token": clock.at - start, "seconds": seconds})  # fmt: skip
+                              "seconds_to_first_token": clock.at - start, "seconds": seconds,
+                              "forward_passes": getattr(out, "num_forward_passes", None) or new_tokens})  # fmt: skip
             by_way[decoding] = {key: None if calls[0][key] is None else statistics.median(call[key] for call in calls)
                                 for key in calls[0]}  # fmt: skip
             rows.append({"prompt": length, "decoding": decoding, **by_way[decoding], "calls": calls})
-        refusion, stock = by_way["ReFusion"], by_way["HF greedy"]
-        memory = refusion["peak_growth_mib"] / stock["peak_growth_mib"] if stock["peak_growth_mib"] else None
-        rows.append({"prompt": length, "decoding": "ratio ReFusion / HF greedy", "peak_growth": memory,
-                     "first_token": refusion["seconds_to_first_token"] / stock["seconds_to_first_token"]})  # fmt: skip
+        stock = by_way["HF greedy"]
+        for decoding in ways:
+            if decoding != "HF greedy":
+                refusion = by_way[decoding]
+                memory = refusion["peak_growth_mib"] / stock["peak_growth_mib"] if stock["peak_growth_mib"] else None
+                first = refusion["seconds_to_first_token"] / stock["seconds_to_first_token"]
+                rows.append({"prompt": length, "decoding": f"ratio {decoding} / HF greedy", "peak_growth": memory,
+                             "first_token": first})  # fmt: skip
     return rows
 
 

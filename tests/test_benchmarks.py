@@ -27,6 +27,8 @@ def test_gpu_readiness_runs_end_to_end_at_the_tiny_shape(tmp_path):
     assert {(row["prompt"], row["decoding"]) for row in calls} >= {(256, "HF greedy"), (1024, "ReFusion")}
     for row in calls:  # the first committed token is timed inside the call, after the prompt was read
         assert 0 < row["seconds_to_first_token"] <= row["seconds"]
+    forced = {row["prompt"]: row["forward_passes"] for row in calls if row["decoding"].endswith("all accepted")}
+    assert forced == {256: 2, 1024: 2}  # every draft accepted: one plan and one verification for the 32 tokens
 
 
 def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
