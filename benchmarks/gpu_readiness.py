@@ -18,10 +18,11 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
     a short warm-up call each. ReFusion runs twice: at its default thresholds (random weights accept no draft beyond
     a round's first token, so its first slot is written token by token: the slow bound) and with acceptance forced
     (thresholds 0: its first commit follows the prefill, one plan and one verification: the fast bound). The first
-    token is timed as `long_context.py` times it (`FirstTokenClock`), with the
-    device synchronised before the clock is read.
+    token is timed as `long_context.py` times it (`FirstTokenClock`), with the device synchronised before the clock
+    is read.
 
-    python benchmarks/gpu_readiness.py                      # CUDA, 8B shape (a few minutes on one H100 / H200)
+    python benchmarks/gpu_readiness.py     # CUDA, 8B shape: all four sections took over 7.5 minutes on one H200
+    python benchmarks/gpu_readiness.py --repeats 2 --sections forward_latency,long_prompts   # 50 s there (2 ways)
     python benchmarks/gpu_readiness.py --shape tiny --device cpu   # the smoke test the suite runs
 """
 
