@@ -57,7 +57,9 @@ A variant of the ReFusion branch reuses every earlier stage:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -104,7 +106,8 @@ def log(message: str) -> None:
 class StageTimings:
     """Wall time of each stage run by this invocation, merged into a JSON file after every stage, with the
     arguments of the invocation that ran it (a resumed run keeps the times of the stages it reused; two processes
-    training the branches side by side each add theirs)."""
+    training the branches side by side each add theirs: the merge holds an exclusive lock on `<path>.lock`, so
+    neither drops the other's entry, and the file is replaced whole, never left half-written)."""
 
     def __init__(self, path: Path, **settings):
         self.path = path
@@ -117,14 +120,18 @@ class StageTimings:
         start = time.time()
         result = stage(*args)
         elapsed = (time.time() - start) / 60
-        report = self._read()
-        minutes, runs = report.get("minutes", {}), report.get("stage_settings", {})
-        if elapsed > 0.05 or name not in minutes:  # a reused stage returns at once
-            minutes[name] = round(elapsed, 2)
-            runs[name] = self.settings
-        total = sum(minutes.values())
-        report.update(minutes=minutes, total_minutes=round(total, 2), stage_settings=runs)
-        self.path.write_text(json.dumps(report, indent=2) + "\n")
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            report = self._read()
+            minutes, runs = report.get("minutes", {}), report.get("stage_settings", {})
+            if elapsed > 0.05 or name not in minutes:  # a reused stage returns at once
+                minutes[name] = round(elapsed, 2)
+                runs[name] = self.settings
+            total = sum(minutes.values())
+            report.update(minutes=minutes, total_minutes=round(total, 2), stage_settings=runs)
+            written = self.path.with_name(self.path.name + ".tmp")
+            written.write_text(json.dumps(report, indent=2) + "\n")
+            os.replace(written, self.path)
         log(f"{name} done ({elapsed:.1f} min; {total:.1f} min for all stages so far)")
         return result
 
@@ -590,6 +597,11 @@ def main(argv: list[str] | None = None) -> None:
         help="JSON of decoding defaults written into the installed model",
     )
     args = parser.parse_args(argv)
+    if args.stop_after and args.more_steps:  # the second phase comes after every first-phase stage
+        parser.error(
+            f"--stop-after {args.stop_after} stops before the second phase that --more-steps asks for: drop one "
+            "(a second phase of one branch alone: --branch refusion or --branch ar with --more-steps)"
+        )
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -307,3 +307,42 @@ def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
         for measure in ("peak_growth_mib", "seconds_to_first_token", "seconds"):
             assert row[way][measure] == pytest.approx(sum(call[measure] for call in calls) / 2)
     assert row["wall_time_ratio"] == pytest.approx(row["refusion"]["seconds"] / row["stock"]["seconds"], abs=1e-3)
+
+
+def test_the_recipe_refuses_a_second_phase_it_would_stop_before(tmp_path, capsys):
+    recipe = _import_benchmark("train_default_model")
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.main(["--work-dir", str(tmp_path), "--stop-after", "refusion", "--more-steps", "100"])
+    assert exit_info.value.code == 2
+    assert "--stop-after refusion stops before the second phase that --more-steps asks for" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any stage ran
+
+
+def test_the_recipe_keeps_both_branches_stage_times_when_they_finish_at_once(tmp_path, monkeypatch):
+    """Two processes training the branches side by side merge their stage times into one timings.json: the branch
+    that read the file first must not write over the entry the other wrote meanwhile (here, deterministically: a
+    reads, b finishes its stage while a holds its read, then a writes)."""
+    import threading
+    import time
+
+    recipe = _import_benchmark("train_default_model")
+    path = tmp_path / "timings.json"
+    a_has_read = threading.Event()
+    read = recipe.StageTimings._read
+
+    def slow_read(self):
+        report = read(self)
+        if threading.current_thread().name == "a":
+            a_has_read.set()
+            time.sleep(0.5)
+        return report
+
+    monkeypatch.setattr(recipe.StageTimings, "_read", slow_read)
+    a = threading.Thread(name="a", target=recipe.StageTimings(path, branch="refusion").run, args=("a_stage", dict))
+    a.start()
+    assert a_has_read.wait(30)
+    recipe.StageTimings(path, branch="ar").run("b_stage", dict)
+    a.join(30)
+    report = json.loads(path.read_text())
+    assert set(report["minutes"]) == {"a_stage", "b_stage"}
+    assert report["stage_settings"]["b_stage"]["branch"] == "ar" and not list(tmp_path.glob("*.tmp"))
