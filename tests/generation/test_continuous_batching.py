@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers.generation.configuration_utils import ContinuousBatchingConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig, GenerationConfig
 from transformers.generation.continuous_batching.requests import RequestStatus
 
 from tests.generation.test_batching import batches
@@ -117,6 +117,7 @@ def test_withdrawn_prompts_leave_before_the_next_forward(model64):
         ({"attention_mask": torch.ones(2, 3)}, "takes no `attention_mask`"),  # the prompts are padded here
         ({"custom_generate": "folder"}, "takes no `custom_generate`"),
         ({"return_dict_in_generate": False}, "takes no `return_dict_in_generate`"),
+        ({"generation_config": GenerationConfig(is_assistant=True)}, "drafts nothing for assisted decoding"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(model32, kwargs, message):

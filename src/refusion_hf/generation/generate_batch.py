@@ -37,7 +37,8 @@ def refusion_generate_batch(
     mean in `generate()`; `decoding="autoregressive"` hands the call to transformers' own `generate_batch`.
     `warmup` has nothing to do here (no CUDA graphs are captured). Refused: `record_timestamps` (tokens are
     committed out of order), `persistent_manager` (there is no background manager), the paged-cache fields of
-    `continuous_batching_config`, stopping criteria (see `decode_batch`) and what the list of prompts stands for
+    `continuous_batching_config`, stopping criteria (see `decode_batch`), a config marked `is_assistant` (stock
+    assisted decoding drafts through `generate()`) and what the list of prompts stands for
     (`input_ids`, `inputs_embeds`, `attention_mask`, `return_dict_in_generate`, `custom_generate`)."""
     from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
@@ -72,6 +73,11 @@ def refusion_generate_batch(
             f"`generate_batch` cannot apply `{given[0]}`: stopping criteria are called for the whole batch at once, "
             "and a continuous batch changes as requests come and go (streamers follow one sequence); cut the "
             "answers afterwards, or use `generate()`."
+        )
+    if getattr(generation_config, "is_assistant", False):  # set by stock assisted decoding on its assistant
+        raise ValueError(
+            "`generate_batch` drafts nothing for assisted decoding (`generation_config.is_assistant` is set): stock "
+            "assisted decoding asks its assistant through `generate()`; unset `is_assistant` to decode requests."
         )
     for name, value in (("record_timestamps", record_timestamps), ("persistent_manager", persistent_manager)):
         if value:
