@@ -25,6 +25,7 @@ install: $(STAMP)
 
 lint: install
 	$(BIN)/ruff check setup.py src tests benchmarks
+	$(BIN)/ruff format --check setup.py src tests benchmarks
 
 test: lint embedded-bundle
 	$(BIN)/python -m pytest

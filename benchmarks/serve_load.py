@@ -257,8 +257,10 @@ class Load:
                     async with self.progress:  # keep pace with the well-behaved clients over the whole run
                         self.abusive_done += 1
                         await self.progress.wait_for(
-                            lambda: self.good_done >= self.good_total
-                            or self.abusive_done / self.abusive_total <= self.good_done / max(1, self.good_total)
+                            lambda: (
+                                self.good_done >= self.good_total
+                                or self.abusive_done / self.abusive_total <= self.good_done / max(1, self.good_total)
+                            )
                         )
 
             everyone = [good_client() for _ in range(clients)] + [abusive_client() for _ in range(abusive_clients)]

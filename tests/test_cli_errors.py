@@ -203,8 +203,6 @@ CONFIG_CASES = [(name, "generate") for name in CONFIG_PATCHES] + [
 ]
 
 
-
-
 @pytest.mark.parametrize("name", list(NAMED_CASES))
 def test_named_user_errors(bad, name, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

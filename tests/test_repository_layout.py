@@ -70,6 +70,7 @@ def _line_count(path: Path) -> int:
 def generated_among(first_lines: dict[str, str]) -> list[str]:
     """The generated files among `first_lines` (repository path -> the file's first line): a first line saying it
     was generated from the package's sources, or a path among the embedded model folder's generated files."""
+
     def embedded_generated(path: str) -> bool:
         inside = path.removeprefix(EMBEDDED_MODEL)
         return inside != path and any(fnmatch(inside, pattern) for pattern in remote_code.EMBEDDED_GENERATED_PATTERNS)

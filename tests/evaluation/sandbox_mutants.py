@@ -79,7 +79,7 @@ def _denied_syscalls(source: str) -> list[str]:
 def mutants(source: str | None = None) -> list[Mutant]:
     """The mutants; one per denied system call is generated from the current DENIED_SYSCALLS."""
     source = SOURCE.read_text() if source is None else source
-    layout = '            *layout,\n'
+    layout = "            *layout,\n"
     found = [
         # namespaces
         *[_replace(f"no {name} namespace", UNSHARE_ALL, _namespaces_but(name)) for name in ("pid", "net", "ipc")],

@@ -463,8 +463,11 @@ def observe(start) -> dict:
         status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
         seen = {
             "status": {key: value.strip() for key, value in status.items()},
-            "limits": {line[:26].strip(): line[26:47].split()[0] for line in open(f"/proc/{pid}/limits")
-                       if not line.startswith("Limit")},  # fmt: skip
+            "limits": {
+                line[:26].strip(): line[26:47].split()[0]
+                for line in open(f"/proc/{pid}/limits")
+                if not line.startswith("Limit")
+            },  # fmt: skip
             "mounts": [line.split() for line in open(f"/proc/{pid}/mountinfo")],
             "namespaces": {name: os.readlink(f"/proc/{pid}/ns/{name}") for name in NAMESPACES},
         }

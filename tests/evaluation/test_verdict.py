@@ -302,7 +302,7 @@ PROTOCOL_ATTACKS = {  # each after a wrong answer: the program attacks the chann
     "a generator": "def add(a, b):\n    yield a + b\n",
     "a reply that exhausts the judge's memory (MemoryError there)": "import os, struct, time\ndef add(a, b):\n"
     "    _items = b'[\"l\",[]],' * 1_800_000\n"
-    "    _reply = b'{\"id\":1,\"value\":[\"l\",[' + _items[:-1] + b']]}'\n"
+    '    _reply = b\'{"id":1,"value":["l",[\' + _items[:-1] + b\']]}\'\n'
     "    for _fd in os.listdir('/proc/self/fd'):\n        try:\n"
     "            os.write(int(_fd), struct.pack('>I', len(_reply)) + _reply)\n        except OSError:\n"
     "            pass\n    time.sleep(10)\n",

@@ -192,7 +192,10 @@ def test_the_decoder_reads_the_declared_settings_knobs():
         if knob.in_settings and knob.resolve_unset is None and not knob.token_id:
             assert fields[knob.name].default == knob.default, knob.name
     assert {name for name, field in fields.items() if field.default is dataclasses.MISSING} == {
-        "max_new_tokens", "eos_token_ids", "block_size", "mask_token_id"
+        "max_new_tokens",
+        "eos_token_ids",
+        "block_size",
+        "mask_token_id",
     }
     config = RefusionGenerationConfig(slot_size=12, slot_threshold=1, token_threshold=0, mask_token_id=3)
     config.update(**RefusionGenerationConfig._get_default_generation_params(), defaults_only=True)

@@ -99,9 +99,7 @@ def test_no_generation_module_but_the_owner_writes_the_state():
     assert {"stage", "chosen", "pool", "tokens", "cached"} <= fields and "_commit" in writers  # the rule sees them
     modules = sorted(path for path in GENERATION.glob("*.py") if path.name != OWNER)
     assert len(modules) > 10
-    offences = {
-        path.name: writes for path in modules if (writes := state_writes(path.read_text(), fields, writers))
-    }
+    offences = {path.name: writes for path in modules if (writes := state_writes(path.read_text(), fields, writers))}
     assert offences == {}, f"only sequence_state.py (`SequenceState.apply`) may write the decoding state: {offences}"
 
 

@@ -154,9 +154,7 @@ def after_context(state: SequenceState, query: Query, sees_context: torch.BoolTe
     every one). No visibility is built over the context (`Query`)."""
     tokens = torch.cat([state.context, query.tokens])
     positions = torch.cat([state.context_positions, query.positions])
-    return Query(
-        tokens, positions, query.visible, state.num_context(), query.pending_view, query.hidden, sees_context
-    )
+    return Query(tokens, positions, query.visible, state.num_context(), query.pending_view, query.hidden, sees_context)
 
 
 def constrained_scores(policy: DraftPolicy, logits: torch.Tensor, offsets) -> torch.Tensor:

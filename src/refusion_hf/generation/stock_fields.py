@@ -158,8 +158,9 @@ _HAS_KIND = {  # kind -> whether a value (not None) is one, given the lowest tok
     WORD_LISTS: lambda value, lowest: (
         isinstance(value, (list, tuple)) and bool(value) and all(_is_id_list(w) and w for w in value)
     ),
-    STRINGS: lambda value, lowest: isinstance(value, str) or (
-        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(s, str) for s in value)
+    STRINGS: lambda value, lowest: (
+        isinstance(value, str)
+        or (isinstance(value, (list, tuple)) and bool(value) and all(isinstance(s, str) for s in value))
     ),
 }
 _EXPECTED = {int: "an integer", float: "a number", bool: "True or False", TOKEN_ID: "a token id (an integer >= {})"}
