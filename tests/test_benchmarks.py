@@ -346,3 +346,15 @@ def test_the_recipe_keeps_both_branches_stage_times_when_they_finish_at_once(tmp
     report = json.loads(path.read_text())
     assert set(report["minutes"]) == {"a_stage", "b_stage"}
     assert report["stage_settings"]["b_stage"]["branch"] == "ar" and not list(tmp_path.glob("*.tmp"))
+
+
+def test_gpu_readiness_refuses_an_unknown_section_before_building_the_model(monkeypatch, capsys):
+    gpu_readiness = _import_benchmark("gpu_readiness")
+    monkeypatch.setattr(gpu_readiness, "build_model", lambda *args: pytest.fail("built the model"))
+    monkeypatch.setattr(sys, "argv", ["gpu_readiness.py", "--device", "cpu", "--sections", "long_prompts,speed"])
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_readiness.main()
+    assert exit_info.value.code == 2
+    assert "--sections: unknown speed; choose from forward_latency, end_to_end, overhead, long_prompts" in (
+        capsys.readouterr().err
+    )
