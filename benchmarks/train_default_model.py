@@ -535,12 +535,19 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def hidden_size(text: str) -> int:
+    value = int(text)
+    if value < 64 or value % 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive multiple of 64 (the model's heads are 64 wide)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", default=str(ROOT / "out" / "default_model"))
     parser.add_argument("--train-examples", type=int, default=60000)
     parser.add_argument("--vocab-size", type=int, default=768)
-    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--hidden-size", type=hidden_size, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
@@ -579,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--install",
         action="store_true",
-        help=f"copy the ReFusion model into the package and the AR baseline to {AR_BASELINE.relative_to(ROOT)}",
+        help="copy the ReFusion model into the package and the AR baseline to benchmarks/models/ar_baseline",
     )
     parser.add_argument(
         "--decoding",

@@ -309,12 +309,18 @@ def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
     assert row["wall_time_ratio"] == pytest.approx(row["refusion"]["seconds"] / row["stock"]["seconds"], abs=1e-3)
 
 
-def test_the_recipe_refuses_a_second_phase_it_would_stop_before(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--stop-after", "refusion", "--more-steps", "100"], "--stop-after refusion stops before the second phase"),
+        (["--hidden-size", "96"], "'96': a positive multiple of 64"),  # was a ZeroDivisionError at 32
+    ],
+)
+def test_the_recipe_refuses_flags_it_cannot_honour_before_any_stage(arguments, message, tmp_path, capsys):
     recipe = _import_benchmark("train_default_model")
     with pytest.raises(SystemExit) as exit_info:
-        recipe.main(["--work-dir", str(tmp_path), "--stop-after", "refusion", "--more-steps", "100"])
-    assert exit_info.value.code == 2
-    assert "--stop-after refusion stops before the second phase that --more-steps asks for" in capsys.readouterr().err
+        recipe.main(["--work-dir", str(tmp_path), *arguments])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before any stage ran
 
 
@@ -358,3 +364,49 @@ def test_gpu_readiness_refuses_an_unknown_section_before_building_the_model(monk
     assert "--sections: unknown speed; choose from forward_latency, end_to_end, overhead, long_prompts" in (
         capsys.readouterr().err
     )
+
+
+TINY_RECIPE = ["--train-examples", "200", "--vocab-size", "300", "--hidden-size", "64", "--layers", "1",
+               "--batch-size", "8", "--packing-length", "96", "--ar-max-steps", "20", "--ar-eval-every", "10",
+               "--validation-problems", "4", "--finetune-steps", "10", "--threads", "1"]  # fmt: skip
+
+
+def test_the_recipe_trains_installs_resumes_and_runs_a_second_phase_at_a_tiny_size(tmp_path, monkeypatch):
+    """The embedded model's recipe end to end at a tiny size (seconds): both branches, `--install` (into temporary
+    folders here, not the package), a rerun that reuses every stage, and a second phase from the installed models."""
+    import torch
+    from safetensors import safe_open
+
+    recipe = _import_benchmark("train_default_model")
+    installed, baseline = tmp_path / "installed", tmp_path / "ar_baseline"
+    monkeypatch.setattr(recipe, "PACKAGE_MODEL", installed)
+    monkeypatch.setattr(recipe, "AR_BASELINE", baseline)
+    work = tmp_path / "work"
+    decoding = '{"decoding": "refusion", "slot_size": 8, "block_size": 16, "remask_threshold": 0.05}'
+    threads = torch.get_num_threads()
+    try:
+        recipe.main(["--work-dir", str(work), *TINY_RECIPE, "--install", "--decoding", decoding])
+        generation = json.loads((installed / "generation_config.json").read_text())
+        assert {key: generation[key] for key in json.loads(decoding)} == json.loads(decoding)
+        with safe_open(installed / "model.safetensors", "pt") as weights:  # installed in bfloat16
+            assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
+        assert json.loads((baseline / "trainer_state.json").read_text())["global_step"] == 10
+        timings = json.loads((work / "timings.json").read_text())["minutes"]
+        stages = {"data", "tokenizer", "ar_base", "converted", "refusion_k4-8_ar0_steps10", "ar_continued_steps10"}
+        assert set(timings) == stages
+
+        model_mtime = (installed / "model.safetensors").stat().st_mtime
+        trained = (work / "refusion_k4-8_ar0_steps10" / "model.safetensors").stat().st_mtime
+        recipe.main(["--work-dir", str(work), *TINY_RECIPE, "--branch", "refusion"])  # everything is reused
+        assert (work / "refusion_k4-8_ar0_steps10" / "model.safetensors").stat().st_mtime == trained
+        assert json.loads((work / "timings.json").read_text())["minutes"] == timings
+
+        second = tmp_path / "second"
+        recipe.main(["--work-dir", str(second), *TINY_RECIPE, "--from-installed", "--more-steps", "3"])
+        for name in ("refusion_k4-8_ar0_steps10_then3", "ar_continued_steps10_then3"):
+            state = json.loads((second / name / "trainer_state.json").read_text())
+            assert state["global_step"] == 3, name
+        assert not (second / "ar_base").exists()  # phase 1 came from the installed models
+        assert (installed / "model.safetensors").stat().st_mtime == model_mtime  # no --install: left alone
+    finally:
+        torch.set_num_threads(threads)
