@@ -21,7 +21,9 @@ from its last checkpoint, so the recipe can be stopped and rerun at any point):
                  steps (N) with the same schedule.
 7. with --more-steps M, a second phase of both branches alike (a warm restart): each branch's model as --install
    stores it (bfloat16, folder `<branch>_bf16`) is trained M more steps on the same data with a new cosine schedule
-   from --more-learning-rate (folders `<branch>_then<M>`); --install then installs these.
+   from --more-learning-rate (folders `<branch>_then<M>`); --install then installs these. --more-steps M1,M2,...
+   chains phases: each starts from the previous phase's model as --install stores it (`<branch>_then<M1>_then<M2>`),
+   so a chain equals its phases run one per invocation, each seeded from the one before.
 
 --from-installed takes phase 1 of each branch from the installed models (the package's default model and the AR
 baseline, checked against --finetune-steps) instead of training it, so a second phase needs no retraining of
@@ -399,8 +401,8 @@ def complete(folder: Path) -> bool:
 
 
 def stage_refusion(work: Path, data: Path, start: Path, args, name: str, steps: int, learning_rate: float) -> Path:
-    """ReFusion fine-tuning (`refusion train`) of `start` (the converted AR model, or in phase 2 the phase-1 model)
-    for `steps` with a cosine schedule from `learning_rate`, resumable from its checkpoints."""
+    """ReFusion fine-tuning (`refusion train`) of `start` (the converted AR model, or in a later phase the previous
+    phase's model) for `steps` with a cosine schedule from `learning_rate`, resumable from its checkpoints."""
     folder = work / name
     if complete(folder):
         return folder
@@ -468,8 +470,8 @@ def stage_ar_continued(work: Path, data: Path, start: Path, args, name: str, ste
 
 
 def stage_installed_form(work: Path, trained: Path, model_class) -> Path:
-    """A phase-1 model as --install stores it (rounded to bfloat16), saved in float32 with its tokenizer: where
-    phase 2 starts, so that a run from scratch and a run seeded from the installed models continue alike."""
+    """A phase's model as --install stores it (rounded to bfloat16), saved in float32 with its tokenizer: where the
+    next phase starts, so that a run from scratch and a run seeded from the installed models continue alike."""
     folder = work / f"{trained.name}_bf16"
     if complete(folder):
         return folder
@@ -528,11 +530,17 @@ def install_baseline(ar_dir: Path) -> None:
     log(f"installed the AR baseline into {AR_BASELINE}")
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of steps, 0 or more")
-    return value
+def phase_steps(text: str) -> list[int]:
+    """--more-steps: "0" (no later phase) or positive step counts, comma-separated (one phase each)."""
+    try:
+        steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        steps = None
+    if steps == [0]:
+        return []
+    if not steps or any(step < 1 for step in steps):
+        raise argparse.ArgumentTypeError(f"{text!r}: 0, or positive numbers of steps, comma-separated (one phase each)")
+    return steps
 
 
 def hidden_size(text: str) -> int:
@@ -577,8 +585,9 @@ def main(argv: list[str] | None = None) -> None:
         help="which fine-tuning branch to run (two processes can train the branches side by side)",
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 per process when running two)")
-    parser.add_argument("--more-steps", type=non_negative_int, default=0,
-                        help="a second phase: each branch trained this many more steps (0: none)")  # fmt: skip
+    parser.add_argument("--more-steps", type=phase_steps, default=[],
+                        help="later phases: each branch trained this many more steps, comma-separated for a chain "
+                        "of phases (0: none)")  # fmt: skip
     parser.add_argument("--more-learning-rate", type=float, default=5e-4,
                         help="the second phase's peak learning rate (cosine, 50 warm-up steps)")  # fmt: skip
     parser.add_argument("--from-installed", action="store_true",
@@ -642,15 +651,13 @@ def main(argv: list[str] | None = None) -> None:
     if "ar" in branches and args.stop_after != "refusion":
         name = baseline_name(args)
         trained["ar"] = timings.run(name, stage_ar_continued, work, data, ar_base, args, name, steps, rate)
-    if args.more_steps:  # phase 2: both branches alike, each from its phase-1 model as installed
-        stages = {"refusion": (stage_refusion, RefusionForCausalLM), "ar": (stage_ar_continued, Qwen3ForCausalLM)}
-        for branch, phase1_model in trained.items():
+    stages = {"refusion": (stage_refusion, RefusionForCausalLM), "ar": (stage_ar_continued, Qwen3ForCausalLM)}
+    for more in args.more_steps:  # phases 2, 3, ...: both branches alike, each from its last model as installed
+        for branch, previous in trained.items():
             stage, model_class = stages[branch]
-            start = timings.run(f"{phase1_model.name}_bf16", stage_installed_form, work, phase1_model, model_class)
-            name = f"{phase1_model.name}_then{args.more_steps}"
-            trained[branch] = timings.run(
-                name, stage, work, data, start, args, name, args.more_steps, args.more_learning_rate
-            )
+            start = timings.run(f"{previous.name}_bf16", stage_installed_form, work, previous, model_class)
+            name = f"{previous.name}_then{more}"
+            trained[branch] = timings.run(name, stage, work, data, start, args, name, more, args.more_learning_rate)
     if args.stop_after == "refusion":
         return
     if args.install:

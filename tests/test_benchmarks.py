@@ -314,6 +314,7 @@ def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
     [
         (["--stop-after", "refusion", "--more-steps", "100"], "--stop-after refusion stops before the second phase"),
         (["--hidden-size", "96"], "'96': a positive multiple of 64"),  # was a ZeroDivisionError at 32
+        (["--more-steps", "2000,-5"], "'2000,-5': 0, or positive numbers of steps"),
     ],
 )
 def test_the_recipe_refuses_flags_it_cannot_honour_before_any_stage(arguments, message, tmp_path, capsys):
@@ -373,7 +374,8 @@ TINY_RECIPE = ["--train-examples", "200", "--vocab-size", "300", "--hidden-size"
 
 def test_the_recipe_trains_installs_resumes_and_runs_a_second_phase_at_a_tiny_size(tmp_path, monkeypatch):
     """The embedded model's recipe end to end at a tiny size (seconds): both branches, `--install` (into temporary
-    folders here, not the package), a rerun that reuses every stage, and a second phase from the installed models."""
+    folders here, not the package), a rerun that reuses every stage, and two chained phases from the installed
+    models."""
     import torch
     from safetensors import safe_open
 
@@ -401,11 +403,12 @@ def test_the_recipe_trains_installs_resumes_and_runs_a_second_phase_at_a_tiny_si
         assert (work / "refusion_k4-8_ar0_steps10" / "model.safetensors").stat().st_mtime == trained
         assert json.loads((work / "timings.json").read_text())["minutes"] == timings
 
-        second = tmp_path / "second"
-        recipe.main(["--work-dir", str(second), *TINY_RECIPE, "--from-installed", "--more-steps", "3"])
-        for name in ("refusion_k4-8_ar0_steps10_then3", "ar_continued_steps10_then3"):
-            state = json.loads((second / name / "trainer_state.json").read_text())
-            assert state["global_step"] == 3, name
+        second = tmp_path / "second"  # phases 2 and 3 of both branches, chained
+        recipe.main(["--work-dir", str(second), *TINY_RECIPE, "--from-installed", "--more-steps", "3,2"])
+        for branch in ("refusion_k4-8_ar0_steps10", "ar_continued_steps10"):
+            for name, steps in ((f"{branch}_then3", 3), (f"{branch}_then3_then2", 2)):
+                assert json.loads((second / name / "trainer_state.json").read_text())["global_step"] == steps, name
+            assert (second / f"{branch}_then3_bf16" / "model.safetensors").exists()  # phase 3 starts there
         assert not (second / "ar_base").exists()  # phase 1 came from the installed models
         assert (installed / "model.safetensors").stat().st_mtime == model_mtime  # no --install: left alone
     finally:
