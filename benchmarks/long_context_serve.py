@@ -25,9 +25,8 @@ under `calls`. One call is noisy (resident memory depends on what the allocator 
 way at 16k once grew by 151 and 203 MiB); a second long call in the same process would mostly reuse what the first
 one freed, so calls are not repeated in one process.
 
-Ratios to stock are written to the JSON with the goal (at most 1.25, for
-`refusion` and `serve`). The server's extra growth with glibc's default arenas is freed memory kept in the decoding
-thread's own arena (serving/malloc_arenas.py).
+Ratios to stock are written to the JSON with the goal (at most 1.25, for `refusion` and `serve`). The server's extra
+growth with glibc's default arenas is freed memory kept in the decoding thread's own arena (serving/malloc_arenas.py).
 
     nice -n 0 .venv/bin/python benchmarks/long_context_serve.py --out benchmarks/results/long_context_serve.json
 """
