@@ -22,8 +22,8 @@ from its last checkpoint, so the recipe can be stopped and rerun at any point):
 7. with --more-steps M, a second phase of both branches alike (a warm restart): each branch's model as --install
    stores it (bfloat16, folder `<branch>_bf16`) is trained M more steps on the same data with a new cosine schedule
    from --more-learning-rate (folders `<branch>_then<M>`); --install then installs these. --more-steps M1,M2,...
-   chains phases: each starts from the previous phase's model as --install stores it (`<branch>_then<M1>_then<M2>`),
-   so a chain equals its phases run one per invocation, each seeded from the one before.
+   chains phases: each starts from the previous phase's model rounded to bfloat16 as phase 2 starts from phase 1's,
+   with a new cosine schedule from --more-learning-rate (folders `<branch>_then<M1>_then<M2>`).
 
 --from-installed takes phase 1 of each branch from the installed models (the package's default model and the AR
 baseline, checked against --finetune-steps) instead of training it, so a second phase needs no retraining of
