@@ -44,15 +44,16 @@ def running(app):
 
 
 @contextlib.contextmanager
-def slowed_forwards(model_class, seconds: float):
+def slowed_forwards(model_class, seconds):
     """Every forward of a `model_class` module sleeps `seconds` first (torch's global forward pre-hook, which runs
-    before the module's own hooks); yields the list of their start times."""
+    before the module's own hooks), or `seconds()` when it is callable (asked at each forward); yields the list of
+    their start times."""
     starts = []
 
     def hook(module, args):
         if isinstance(module, model_class):
             starts.append(time.monotonic())
-            time.sleep(seconds)
+            time.sleep(seconds() if callable(seconds) else seconds)
 
     handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
     try:

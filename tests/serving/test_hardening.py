@@ -326,12 +326,14 @@ def test_max_queued_requests(official):
     folder, model, tokenizer = official
     request = {"prompt": words(3), "max_tokens": 4}
 
-    def crowd(url: str, count: int) -> list:
+    def crowd(url: str, count: int, all_answered_or_queued=None) -> list:
         replies = [None] * count
 
         def ask(index):
             time.sleep(0.1 * index)  # in this order: one decodes, then they queue
             replies[index] = httpx2.post(f"{url}/v1/completions", json=request, timeout=TIMEOUT)
+            if index == count - 1 and all_answered_or_queued is not None:
+                all_answered_or_queued.set()
 
         clients = [threading.Thread(target=ask, args=(index,)) for index in range(count)]
         for client in clients:
@@ -346,9 +348,11 @@ def test_max_queued_requests(official):
     manager.shutdown()
 
     app, state = ours(folder, max_queued_requests=2)
-    # forwards slow enough that the first request still decodes when the fourth arrives (0.3 s later), however fast
-    with running(app) as url, slowed_forwards(RefusionForCausalLM, 0.2):
-        replies = crowd(url, 4)
+    # forwards slow enough that the first request still decodes when the fourth arrives (0.3 s later), however fast,
+    # until the fourth has its answer; full speed after it (the queue's verdict is given by then)
+    fourth_answered = threading.Event()
+    with running(app) as url, slowed_forwards(RefusionForCausalLM, lambda: 0 if fourth_answered.is_set() else 0.2):
+        replies = crowd(url, 4, fourth_answered)
         assert [reply.status_code for reply in replies] == [200, 200, 200, 503], [r.text for r in replies]
         assert replies[3].headers["Retry-After"] == "1" and "--max-queued-requests 2" in replies[3].json()["detail"]
         assert replies[0].json()["choices"][0]["text"] == answer_text(model, tokenizer, words(3), 4)
