@@ -163,15 +163,15 @@ def run_one(way: str, length: int, batch_size: int, dtype: str, args, src: Path)
 MEASURES = ("peak_growth_mib", "peak_rss_mib", "seconds_to_first_token", "seconds")
 
 
-def median_run(runs: list[dict]) -> dict:
-    """One way's repeated calls as one: the median of each measure (the first failure, if any call failed), and
-    every call's measures under `runs` when there were several."""
+def median_run(runs: list[dict], measures=MEASURES, listed_as: str = "runs") -> dict:
+    """One way's repeated calls as one: the median of each of `measures` (the first failure, if any call failed),
+    and every call's measures under `listed_as` when there were several."""
     failed = next((run for run in runs if "failed" in run), None)
     if failed is not None:
         return failed
-    summary = {**runs[0], **{key: statistics.median(run[key] for run in runs) for key in MEASURES}}
+    summary = {**runs[0], **{key: statistics.median(run[key] for run in runs) for key in measures}}
     if len(runs) > 1:
-        summary["runs"] = [{key: run[key] for key in MEASURES} for run in runs]
+        summary[listed_as] = [{key: run[key] for key in measures} for run in runs]
     return summary
 
 

@@ -36,14 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from long_context import SHAPE, current_rss_bytes, peak_rss_bytes, positive_int
+from long_context import SHAPE, current_rss_bytes, median_run, peak_rss_bytes, positive_int
 from results_file import write_results
 from serve_concurrency import start_server
 
@@ -52,6 +51,7 @@ WAYS = ("stock", "refusion", "serve", "serve_default_arenas")
 # glibc's own arena limit (8 per core on 64-bit), given as an operator would: `refusion serve` then leaves it alone
 DEFAULT_ARENAS = {"MALLOC_ARENA_MAX": str(8 * (os.cpu_count() or 1))}
 GOAL = 1.25
+MEASURES = ("peak_growth_mib", "seconds")  # per call; each way reports their medians
 
 
 def save_models(folder: Path) -> None:
@@ -164,20 +164,6 @@ def run_one(way: str, folder: Path, length: int, args) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def median_call(calls: list[dict]) -> dict:
-    """One way's calls as one: the median of each measure (the first failure, if any call failed), every call's
-    measures under `calls` when there were several."""
-    failed = next((call for call in calls if "failed" in call), None)
-    if failed is not None or len(calls) == 1:
-        return failed or calls[0]
-    measures = ("peak_growth_mib", "seconds")
-    return {
-        **calls[0],
-        **{key: statistics.median(call[key] for call in calls) for key in measures},
-        "calls": [{key: call[key] for key in measures} for call in calls],
-    }
-
-
 def csv_ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",")]
 
@@ -204,7 +190,7 @@ def main() -> None:
             for repeat in range(args.repeats):  # the ways alternate: drift in the machine's speed hits each alike
                 for way in WAYS if repeat % 2 == 0 else WAYS[::-1]:
                     calls[way].append(run_one(way, Path(folder), length, args))
-            row = {"prompt_length": length, **{way: median_call(calls[way]) for way in WAYS}}
+            row = {"prompt_length": length, **{way: median_run(calls[way], MEASURES, "calls") for way in WAYS}}
             if not any("failed" in row[way] for way in WAYS):
                 for way in WAYS[1:]:
                     row[f"{way}_peak_growth_ratio"] = round(
