@@ -231,8 +231,10 @@ def main() -> None:
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated, in this order: {', '.join(SECTIONS)} (default: all)")  # fmt: skip
     args = parser.parse_args()
-    sections = args.sections.split(",")
+    sections = [name.strip() for name in args.sections.split(",") if name.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
+    if not sections:
+        parser.error(f"--sections: name at least one of {', '.join(SECTIONS)}")
     if unknown:
         parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     device = torch.device(args.device)

@@ -355,16 +355,27 @@ def test_the_recipe_keeps_both_branches_stage_times_when_they_finish_at_once(tmp
     assert report["stage_settings"]["b_stage"]["branch"] == "ar" and not list(tmp_path.glob("*.tmp"))
 
 
-def test_gpu_readiness_refuses_an_unknown_section_before_building_the_model(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "sections, message",
+    [
+        (
+            "long_prompts,speed",
+            "--sections: unknown speed; choose from forward_latency, end_to_end, overhead, long_prompts",
+        ),
+        ("", "--sections: name at least one of forward_latency, end_to_end, overhead, long_prompts"),
+        (" , ", "--sections: name at least one of"),
+    ],
+)
+def test_gpu_readiness_refuses_an_unknown_or_empty_section_list_before_building_the_model(
+    monkeypatch, capsys, sections, message
+):
     gpu_readiness = _import_benchmark("gpu_readiness")
     monkeypatch.setattr(gpu_readiness, "build_model", lambda *args: pytest.fail("built the model"))
-    monkeypatch.setattr(sys, "argv", ["gpu_readiness.py", "--device", "cpu", "--sections", "long_prompts,speed"])
+    monkeypatch.setattr(sys, "argv", ["gpu_readiness.py", "--device", "cpu", "--sections", sections])
     with pytest.raises(SystemExit) as exit_info:
         gpu_readiness.main()
     assert exit_info.value.code == 2
-    assert "--sections: unknown speed; choose from forward_latency, end_to_end, overhead, long_prompts" in (
-        capsys.readouterr().err
-    )
+    assert message in capsys.readouterr().err
 
 
 TINY_RECIPE = ["--train-examples", "200", "--vocab-size", "300", "--hidden-size", "64", "--layers", "1",
