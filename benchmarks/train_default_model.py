@@ -86,6 +86,7 @@ from refusion_hf.cli import main as refusion_cli
 from refusion_hf.evaluation.lm_eval_tasks.synthetic_suite import DEFAULT_FAMILIES, is_correct
 from refusion_hf.evaluation.synthetic_tasks import generate_problems, write_jsonl
 from refusion_hf.modeling.loading import prompt_ids
+from refusion_hf.modeling.remote_code import write_folder_bundle
 from refusion_hf.training import PackedCausalLMCollator
 from refusion_hf.training.data import load_sft_dataset
 from refusion_hf.training.train_cli import resolve_checkpoint
@@ -516,7 +517,10 @@ def install(refusion_dir: Path, decoding: dict) -> None:
     config.update(decoding)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     size = sum(p.stat().st_size for p in PACKAGE_MODEL.rglob("*") if p.is_file())
-    log(f"installed into {PACKAGE_MODEL} ({size / 1e6:.1f} MB)")
+    # The folder's remote code and custom_generate/ (git-ignored, written at build time) went with the old folder:
+    # written again from the current sources, as `make embedded-bundle` writes them.
+    write_folder_bundle(PACKAGE_MODEL)
+    log(f"installed into {PACKAGE_MODEL} ({size / 1e6:.1f} MB of weights, config and tokenizer; remote code rewritten)")
 
 
 def install_baseline(ar_dir: Path) -> None:

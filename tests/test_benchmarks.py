@@ -403,6 +403,9 @@ def test_the_recipe_trains_installs_resumes_and_runs_a_second_phase_at_a_tiny_si
         assert {key: generation[key] for key in json.loads(decoding)} == json.loads(decoding)
         with safe_open(installed / "model.safetensors", "pt") as weights:  # installed in bfloat16
             assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
+        # with its remote code written again (the old folder's went with it), as trust_remote_code loads it
+        assert (installed / "modeling_refusion.py").is_file()
+        assert (installed / "custom_generate" / "generate.py").is_file()
         assert json.loads((baseline / "trainer_state.json").read_text())["global_step"] == 10
         timings = json.loads((work / "timings.json").read_text())["minutes"]
         stages = {"data", "tokenizer", "ar_base", "converted", "refusion_k4-8_ar0_steps10", "ar_continued_steps10"}

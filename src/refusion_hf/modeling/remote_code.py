@@ -209,9 +209,15 @@ def write_embedded_bundle(package_directory: str | Path = PACKAGE_SOURCES) -> li
     sources beside this file) under `package_directory` (the directory holding `refusion_hf/`: src/ for a
     development tree or an editable install, the build directory for a wheel). The folder's previous generated
     files are removed first, so a renamed or dropped module leaves no stale copy. Returns the paths written."""
-    folder = Path(package_directory) / "refusion_hf" / EMBEDDED_MODEL_RESOURCE
+    return write_folder_bundle(Path(package_directory) / "refusion_hf" / EMBEDDED_MODEL_RESOURCE)
+
+
+def write_folder_bundle(folder: str | Path) -> list[str]:
+    """`write_embedded_bundle` for a model folder given by its own path (a recipe's install target): its previous
+    generated files removed, its remote code and custom_generate/ written from the current sources."""
+    folder = Path(folder)
     if not (folder / "config.json").is_file():
-        raise RemoteCodeExportError(f"{folder} is not the embedded model folder (no config.json)")
+        raise RemoteCodeExportError(f"{folder} is not a model folder (no config.json)")
     for stale in folder.glob("*.py"):
         stale.unlink()
     shutil.rmtree(folder / CUSTOM_GENERATE_DIR, ignore_errors=True)
