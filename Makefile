@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PROMPT ?= Ann has 12 apples. She buys 5 more. Then she gives away 3. How many apples does Ann have now?
+PROMPT ?= For the numbers 2, 24, 27, 12, 10, subtract 7 from each number. Write one line each.
 
 .PHONY: install test lint demo embedded-bundle
 

@@ -28,7 +28,8 @@ from its last checkpoint, so the recipe can be stopped and rerun at any point):
 --from-installed takes phase 1 of each branch from the installed models (the package's default model and the AR
 baseline, checked against --finetune-steps) instead of training it, so a second phase needs no retraining of
 ar_base: phase 2 starts from the same (bfloat16) weights either way. Stages 3 and 4 run only when a branch of
-phase 1 still has to be trained.
+phase 1 still has to be trained. The models installed now are phase 3's (their last phase trained 2,000 steps),
+so --from-installed refuses them; it served when phase 1's were installed (the commands below, as run).
 
 Every training stage packs each batch's 32 examples into rows of --packing-length tokens (`PackedCausalLMCollator`,
 `refusion train --packing-length`) instead of padding them to the longest: the same examples and losses per step,
@@ -37,18 +38,22 @@ steps about 1.2x faster (`benchmarks/packing_speed.py`). `--packing-length 0` pa
 Each stage's wall time goes to `<work-dir>/timings.json`. With --install, the ReFusion model is copied (with the
 decoding defaults of --decoding in its generation_config.json) into the package at
 src/refusion_hf/assets/default_model, and the AR baseline to benchmarks/models/ar_baseline (both bfloat16).
-Run it at low priority while doing other work:
+The installed models (phase 1 of 4,300 steps, then two phases of 2,000; --decoding's default is their installed
+decoding), in one resumable command at low priority:
 
-    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --install
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --work-dir out/default_model --more-steps 2000,2000 \
+        --install
 
-A second phase on top of the installed models, both branches side by side (one thread each) once the shared stages
-exist (two processes must not write them at once):
+As run: phases 2 and 3 on top of the phase-1 models installed then (commit 30ac818), both branches side by side (one
+thread each) once the shared stages existed (two processes must not write them at once), then the install (every
+stage reused):
 
     .venv/bin/python benchmarks/train_default_model.py --stop-after tokenizer
-    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000 --branch refusion \
-        --threads 1 &
-    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000 --branch ar \
-        --threads 1
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000,2000 \
+        --branch refusion --threads 1 &
+    nice -n 19 .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000,2000 \
+        --branch ar --threads 1
+    .venv/bin/python benchmarks/train_default_model.py --from-installed --more-steps 2000,2000 --install
 
 A variant of the ReFusion branch reuses every earlier stage:
 
@@ -490,7 +495,8 @@ def seed_from_installed(installed: Path, folder: Path, steps: int) -> None:
     state = json.loads((installed / "trainer_state.json").read_text())
     if state["global_step"] != steps:
         raise SystemExit(
-            f"--from-installed: {installed} was trained {state['global_step']} steps, not --finetune-steps {steps}"
+            f"--from-installed: {installed} was trained {state['global_step']} steps, not --finetune-steps {steps} "
+            "(installed models of a later phase are not phase 1: run without --from-installed to train phase 1)"
         )
     shutil.copytree(installed, folder, ignore=shutil.ignore_patterns("*.py", "custom_generate", "__pycache__"))
     (folder / "SEEDED_FROM_INSTALLED").write_text(f"{installed}\n")
@@ -607,10 +613,11 @@ def main(argv: list[str] | None = None) -> None:
             {
                 "decoding": "refusion",
                 "max_new_tokens": 64,
-                "slot_size": 16,
+                "slot_size": 8,
                 "block_size": 16,
                 "slot_threshold": 0.9,
-                "token_threshold": 0.5,
+                "token_threshold": 0.7,
+                "remask_threshold": 0.1,
                 "plan_ahead": True,
             }
         ),
