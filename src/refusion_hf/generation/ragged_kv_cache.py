@@ -1,7 +1,9 @@
 """The KV cache a batch of ReFusion rows shares, and the one forward that feeds every row's query on top of it.
 
-transformers' `DynamicCache` holds the keys and values (appending, `crop`, `batch_select_indices`); this module adds
-which entries each row may attend to (rows keep different numbers of tokens per forward, and infill keeps
+transformers' `DynamicCache` holds the keys and values (appending, `crop`, `batch_select_indices`), its
+full-attention layers appending in place (`InPlaceLayer`: a forward's few entries are written after the others,
+where `DynamicLayer` copies the whole layer to append them); this module adds which entries each row may attend to
+(rows keep different numbers of tokens per forward, and infill keeps
 *pending* entries only one slot sees), which canvas position each entry holds, and the 4-D attention mask built
 from both. The model is any Qwen3-shaped causal LM: it takes the mask, `position_ids` and the cache as stock.
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import DynamicCache, DynamicLayer
 
 from .._compat.transformers import map_cache_tensors
 from .sequence_state import Kept, Query
@@ -23,6 +25,79 @@ from .stage_interface import stack_rows
 # below it, one dense mask and one kernel call per layer cost less than two calls and a concatenation (a 200-token
 # prompt, the embedded model's typical chat prompt, is fed dense; from a 512-token prompt on, split).
 SPLIT_FROM = 2**18
+
+
+class InPlaceLayer(DynamicLayer):
+    """transformers' `DynamicLayer` whose keys and values fill the front of a buffer with room after them. An append
+    writes into the room, where `DynamicLayer.update` concatenates: a copy of the layer's whole cache on every
+    forward, which after a long prompt is much of what each later forward costs (benchmarks/README.md, "Long
+    prompts"). When an append outgrows the room, the buffer is allocated again with room for a sixteenth more
+    entries (at least `MIN_ROOM`): one copy. `keys` / `values` are views of the filled front, as `DynamicLayer`
+    exposes its tensors; `crop` only shortens the front; setting them (`batch_select_indices`, `map_cache_tensors`,
+    offloading) replaces the buffer by the tensor given."""
+
+    MIN_ROOM = 256
+
+    def __init__(self, **kwargs):
+        self.buffers = {"keys": None, "values": None}  # [B, H, capacity, D] each (or the tensor last set)
+        self.filled = {"keys": 0, "values": 0}  # entries at the front of each buffer
+        super().__init__(**kwargs)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._front("keys")
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._hold("keys", tensor)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._front("values")
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._hold("values", tensor)
+
+    def _front(self, name: str) -> torch.Tensor | None:
+        buffer = self.buffers[name]
+        return buffer if buffer is None or buffer.dim() < 3 else buffer[..., : self.filled[name], :]
+
+    def _hold(self, name: str, tensor: torch.Tensor | None) -> None:
+        self.buffers[name] = tensor  # None, or DynamicLayer's empty 1-D tensor before the first append
+        self.filled[name] = tensor.shape[-2] if tensor is not None and tensor.dim() >= 3 else 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states / value_states [B, H, W, D] appended after the filled entries -> keys, values [B, H, filled + W,
+        D] (views of the buffers)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        for name, new in (("keys", key_states), ("values", value_states)):
+            buffer, filled, width = self.buffers[name], self.filled[name], new.shape[-2]
+            if buffer.dim() < 3 or buffer.shape[:2] != new.shape[:2] or buffer.shape[-2] < filled + width:
+                room = max(self.MIN_ROOM, (filled + width) // 16)
+                grown = new.new_empty(*new.shape[:-2], filled + width + room, new.shape[-1])
+                if filled:
+                    grown[..., :filled, :] = buffer[..., :filled, :]
+                self.buffers[name] = buffer = grown
+            buffer[..., filled : filled + width, :] = new
+            self.filled[name] = filled + width
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` entries (a negative count, as `DynamicLayer.crop` takes)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"`crop` takes a negative count of entries to remove, got {tokens_to_remove}.")
+        for name, filled in self.filled.items():
+            self.filled[name] = max(0, filled + tokens_to_remove)
+
+
+class InPlaceKVCache(DynamicCache):
+    """transformers' `DynamicCache` for `config`, its full-attention layers `InPlaceLayer`s (other kinds as built)."""
+
+    def __init__(self, config):
+        super().__init__(config=config)
+        self.layers = [InPlaceLayer() if type(layer) is DynamicLayer else layer for layer in self.layers]
 
 
 class RaggedKVCache:
@@ -48,7 +123,7 @@ class RaggedKVCache:
         # the additive mask's two values, in the model's dtype (0 = attend, finfo.min = blocked)
         self.attend, self.blocked = torch.tensor([0.0, torch.finfo(dtype).min], dtype=dtype, device=device).unbind()
         # None while the cache has no rows (building a DynamicCache is not free; rows that join bring their own)
-        self.cache: DynamicCache | None = DynamicCache(config=config) if batch_size else None
+        self.cache: DynamicCache | None = InPlaceKVCache(config) if batch_size else None
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, T] committed entries
         self.tags: torch.LongTensor | None = None  # [B, T] pending entries' tags, -1 elsewhere; None: none pending
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [B, T] original positions
