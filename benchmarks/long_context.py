@@ -9,7 +9,9 @@ call's own): the model is built, one short call warms it up, then one `generate(
 * `refusion`: `RefusionForCausalLM.generate` of this checkout (ReFusion decoding, greedy, `--slot-size`,
   `--block-size`);
 * `refusion_baseline` (with `--baseline COMMIT`, at the `--baseline-lengths` only): the same from that commit's
-  `src/`, extracted with `git archive` (before issue 38 its masks grew with the square of the prompt).
+  `src/`, extracted with `git archive` (before issue 38 its masks grew with the square of the prompt), repeated and
+  alternating with the other two; `against_baseline` gives this checkout's time to the first token and wall time
+  over the baseline's.
 
 Per call: the peak resident memory above the memory held just before it (`peak_growth_mib`) and the whole
 process's peak (`peak_rss_mib`), the time to the first committed token (stock: when its stopping criteria are first
@@ -226,14 +228,21 @@ def main() -> None:
             for batch_size in args.batch_sizes:
                 for length in args.lengths:
                     row = {"dtype": dtype, "batch_size": batch_size, "prompt_length": length}
-                    runs = {way: [] for way in WAYS}
-                    for _ in range(args.repeats):  # the ways alternate, so a drift of the machine hits both
-                        for way in WAYS:
-                            runs[way].append(run_one(way, length, batch_size, dtype, args, ROOT / "src"))
-                    for way in WAYS:
-                        row[way] = median_run(runs[way])
+                    sources = {way: ROOT / "src" for way in WAYS}
                     if baseline_src is not None and length in args.baseline_lengths:
-                        row["refusion_baseline"] = run_one("refusion", length, batch_size, dtype, args, baseline_src)
+                        sources["refusion_baseline"] = baseline_src
+                    runs = {way: [] for way in sources}
+                    for _ in range(args.repeats):  # the ways alternate, so a drift of the machine hits all
+                        for way, src in sources.items():
+                            runs[way].append(run_one(way.split("_")[0], length, batch_size, dtype, args, src))
+                    for way in sources:
+                        row[way] = median_run(runs[way])
+                    baseline = row.get("refusion_baseline", {})
+                    if "seconds" in baseline and "seconds" in row["refusion"]:
+                        row["against_baseline"] = {
+                            f"{key}_ratio": round(row["refusion"][key] / baseline[key], 3)
+                            for key in ("seconds_to_first_token", "seconds")
+                        }
                     stock, refusion = row["stock"], row["refusion"]
                     if "failed" not in stock and "failed" not in refusion:
                         row["peak_growth_ratio"] = round(refusion["peak_growth_mib"] / stock["peak_growth_mib"], 3)

@@ -291,22 +291,25 @@ def test_parallel_slots_chooses_the_most_accurate_setting_at_twice_the_baseline_
 
 
 def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
-    """`long_context.py --repeats 2` at a tiny prompt: each way runs twice, every call is kept, each measure is
-    the median of the calls, and the ratios are taken from the medians."""
+    """`long_context.py --repeats 2` at a tiny prompt, with a baseline commit: each way (the baseline's too) runs
+    twice, every call is kept, each measure is the median of the calls, and the ratios are taken from the medians."""
     out = tmp_path / "long_context.json"
     command = [sys.executable, "long_context.py", "--lengths", "64", "--batch-sizes", "1", "--dtypes", "float32",
-               "--max-new-tokens", "8", "--repeats", "2", "--threads", "1", "--out", str(out)]  # fmt: skip
+               "--max-new-tokens", "8", "--repeats", "2", "--threads", "1", "--baseline", "HEAD",
+               "--baseline-lengths", "64", "--out", str(out)]  # fmt: skip
     completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-2000:]
     results = json.loads(out.read_text())
     (row,) = results["rows"]
     assert results["repeats"] == 2
-    for way in ("stock", "refusion"):
+    for way in ("stock", "refusion", "refusion_baseline"):
         calls = row[way]["runs"]
         assert len(calls) == 2
         for measure in ("peak_growth_mib", "seconds_to_first_token", "seconds"):
             assert row[way][measure] == pytest.approx(sum(call[measure] for call in calls) / 2)
     assert row["wall_time_ratio"] == pytest.approx(row["refusion"]["seconds"] / row["stock"]["seconds"], abs=1e-3)
+    against = row["refusion"]["seconds"] / row["refusion_baseline"]["seconds"]
+    assert row["against_baseline"]["seconds_ratio"] == pytest.approx(against, abs=1e-3)
 
 
 @pytest.mark.parametrize(
