@@ -43,6 +43,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def generate_kwargs(text: str) -> dict:
+    """An argparse type: a JSON object of keyword arguments for `generate()` (e.g. '{"remask_threshold": null}')."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of generate() keyword arguments")
+    return value
+
+
 def run_config(text: str) -> tuple[str, str]:
     """An argparse type: `DTYPE:B1,B2,...`, e.g. `bfloat16:1,4,16`."""
     dtype, _, sizes = text.partition(":")
@@ -67,7 +78,7 @@ def extract_baseline(commit: str, folder: Path) -> Path:
 def run_worker(src: Path, dtype: str, batch_sizes: str, args) -> dict:
     command = [sys.executable, str(WORKER), "--dtype", dtype, "--batch-sizes", batch_sizes, "--prompts",
                str(args.prompts), "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
-               "--threads", str(args.threads)]  # fmt: skip
+               "--threads", str(args.threads), "--generate-kwargs", json.dumps(args.generate_kwargs)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(src)}
     completed = subprocess.run(command, env=env, capture_output=True, text=True)
     if completed.returncode != 0:
@@ -98,6 +109,11 @@ def comparison_arguments(description: str, out_name: str, repeats: int, repeats_
     parser.add_argument("--prompts", type=positive_int, default=32)
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument(
+        "--generate-kwargs", type=generate_kwargs, default={},
+        help="a JSON object of keyword arguments both sides' generate() calls get, e.g. a decoding both sides know "
+        "(the embedded model's own generation config otherwise)",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / out_name))
     return parser
 
@@ -179,6 +195,7 @@ def main() -> None:
             "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens,
             "repeats_per_worker": args.repeats,
+            "generate_kwargs": args.generate_kwargs,
             "rounds": args.rounds,
             "load_average_before_after": [load_before[0], os.getloadavg()[0]],
             "rows": rows,

@@ -91,8 +91,9 @@ def main() -> None:
                             start = time.perf_counter()
                             with torch.no_grad():
                                 output = generate[side](
-                                    model, ids, attention_mask=mask, max_new_tokens=args.max_new_tokens
-                                )
+                                    model, ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                                    **args.generate_kwargs,
+                                )  # fmt: skip
                             seconds = time.perf_counter() - start
                             if run == 0:
                                 seen[side].append((output.tolist(), forwards[0]))
@@ -126,6 +127,7 @@ def main() -> None:
             "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
+            "generate_kwargs": args.generate_kwargs,
             "rows": rows,
         },
         args.out,

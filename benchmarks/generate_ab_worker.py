@@ -79,6 +79,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--generate-kwargs", type=json.loads, default={}, help="a JSON object, for generate()")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=args.dtype)
@@ -96,7 +97,9 @@ def main() -> None:
             for index, (ids, mask) in enumerate(batches):
                 clock.reset()
                 start = time.perf_counter()
-                output = model.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens)
+                output = model.generate(
+                    ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, **args.generate_kwargs
+                )
                 end = time.perf_counter()
                 if run == 0:
                     tokens.append(output.tolist())

@@ -189,14 +189,32 @@ def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
     same forward passes, and every figure is reported."""
     out = tmp_path / "generate_ab_interleaved.json"
     command = [sys.executable, "generate_ab_interleaved.py", "--baseline", "HEAD", "--runs", "float32:1,2",
-               "--prompts", "2", "--repeats", "1", "--max-new-tokens", "16", "--out", str(out)]  # fmt: skip
+               "--prompts", "2", "--repeats", "1", "--max-new-tokens", "16", "--out", str(out),
+               "--generate-kwargs", '{"remask_threshold": null}']  # fmt: skip
     completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
+    assert json.loads(out.read_text())["generate_kwargs"] == {"remask_threshold": None}
     rows = json.loads(out.read_text())["rows"]
     assert [(row["dtype"], row["batch_size"]) for row in rows] == [("float32", 1), ("float32", 2)]
     for row in rows:
         assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
         assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)
+
+
+@pytest.mark.parametrize("script", ["generate_ab.py", "generate_ab_interleaved.py"])
+def test_generate_ab_passes_its_generate_kwargs_to_both_sides(script, tmp_path):
+    """`--generate-kwargs` reaches `generate()` (a knob value it refuses makes the A/B fail, naming the knob), and
+    anything but a JSON object is refused by the argument parser."""
+    command = [sys.executable, script, "--baseline", "HEAD", "--runs", "float32:1", "--prompts", "1", "--repeats", "1",
+               "--max-new-tokens", "4", "--out", str(tmp_path / "ab.json"), "--generate-kwargs"]  # fmt: skip
+    if script == "generate_ab.py":
+        command[-1:-1] = ["--rounds", "1"]
+    completed = subprocess.run([*command, '{"slot_size": -1}'], cwd=BENCHMARKS, capture_output=True, text=True,
+                               timeout=300)  # fmt: skip
+    assert completed.returncode != 0 and "`slot_size`" in completed.stderr
+    refused = subprocess.run([*command, "[1]"], cwd=BENCHMARKS, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "not a JSON object" in refused.stderr
+    assert not (tmp_path / "ab.json").exists()
 
 
 def test_serve_load_runs_a_small_load_and_its_checks_can_fail(tmp_path):
