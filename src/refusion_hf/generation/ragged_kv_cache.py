@@ -72,17 +72,19 @@ class InPlaceLayer(DynamicLayer):
         D] (views of the buffers)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        for name, new in (("keys", key_states), ("values", value_states)):
-            buffer, filled, width = self.buffers[name], self.filled[name], new.shape[-2]
-            if buffer.dim() < 3 or buffer.shape[:2] != new.shape[:2] or buffer.shape[-2] < filled + width:
-                room = max(self.MIN_ROOM, (filled + width) // 16)
-                grown = new.new_empty(*new.shape[:-2], filled + width + room, new.shape[-1])
-                if filled:
-                    grown[..., :filled, :] = buffer[..., :filled, :]
-                self.buffers[name] = buffer = grown
-            buffer[..., filled : filled + width, :] = new
-            self.filled[name] = filled + width
-        return self.keys, self.values
+        return self._append("keys", key_states), self._append("values", value_states)
+
+    def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        buffer, filled = self.buffers[name], self.filled[name]
+        end = filled + new.shape[-2]
+        if buffer.dim() < 3 or buffer.shape[-2] < end or buffer.shape[:2] != new.shape[:2]:
+            grown = new.new_empty(*new.shape[:-2], end + max(self.MIN_ROOM, end // 16), new.shape[-1])
+            if filled:
+                grown[..., :filled, :] = buffer[..., :filled, :]
+            self.buffers[name] = buffer = grown
+        buffer[..., filled:end, :] = new
+        self.filled[name] = end
+        return buffer[..., :end, :]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last `-tokens_to_remove` entries (a negative count, as `DynamicLayer.crop` takes)."""
