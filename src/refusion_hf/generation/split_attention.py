@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
@@ -51,6 +51,17 @@ class SplitMask:
     context_width: int  # C
     context: torch.BoolTensor | None
     scored: torch.Tensor
+    packed: dict = field(default_factory=dict, compare=False, repr=False)  # n_rep -> its `scored_packed`
+
+    def scored_packed(self, batch_size: int, n_rep: int) -> torch.Tensor:
+        """The scored rows' mask for queries packed by key/value head (`_scored_attention`): [B, 1, n_rep * S, K],
+        rows (r, s), each of `scored`'s rows once per query head of a group. Built once per forward: every layer
+        reads the same."""
+        packed = self.packed.get(n_rep)
+        if packed is None:
+            _, _, s, k = self.scored.shape
+            packed = self.packed[n_rep] = self.scored.expand(batch_size, 1, s, k).repeat(1, 1, n_rep, 1)
+        return packed
 
 
 def _split(backend: str):
@@ -61,8 +72,8 @@ def _split(backend: str):
             return _BACKENDS[backend](module, query, key, value, attention_mask, **kwargs)
         c = attention_mask.context_width
         if not c:  # most forwards: scored rows only
-            return _scored_attention(backend, module, query, key, value, attention_mask.scored, **kwargs), None
-        scored = _scored_attention(backend, module, query[:, :, c:], key, value, attention_mask.scored, **kwargs)
+            return _scored_attention(backend, module, query, key, value, attention_mask, **kwargs), None
+        scored = _scored_attention(backend, module, query[:, :, c:], key, value, attention_mask, **kwargs)
         fed_so_far = key.shape[2] - (query.shape[2] - c)  # T + C: the scored tokens come after the context
         keys, values = key[:, :, :fed_so_far], value[:, :, :fed_so_far]
         context_mask = attention_mask.context
@@ -99,8 +110,8 @@ class _OneGroup:
     num_key_value_groups: int = 1
 
 
-def _scored_attention(backend, module, query, key, value, mask, **kwargs) -> torch.Tensor:
-    """query [B, H, S, D], key / value [B, Hkv, K, D], mask [B, 1, S, K] -> [B, S, H, D].
+def _scored_attention(backend, module, query, key, value, mask: SplitMask, **kwargs) -> torch.Tensor:
+    """query [B, H, S, D], key / value [B, Hkv, K, D], mask.scored [B, 1, S, K] -> [B, S, H, D].
 
     With grouped-query attention and a mask, transformers' backends copy every cached key and value once per query
     head of a group (`repeat_kv`: the whole cache, every layer, every forward; sdpa packs the heads instead only for
@@ -110,11 +121,11 @@ def _scored_attention(backend, module, query, key, value, mask, **kwargs) -> tor
     are cached. Only where the cache is long enough for that to pay (`PACK_FROM`)."""
     n_rep = getattr(module, "num_key_value_groups", 1)
     if n_rep == 1 or query.shape[1] * key.shape[2] * key.shape[3] < PACK_FROM:
-        return _BACKENDS[backend](module, query, key, value, mask, **kwargs)[0]
+        return _BACKENDS[backend](module, query, key, value, mask.scored, **kwargs)[0]
     b, h, s, d = query.shape
     kv_heads = h // n_rep
     packed_query = query.reshape(b, kv_heads, n_rep * s, d)  # head h = kv * n_rep + r: rows (r, s) of head kv
-    packed_mask = mask.expand(b, 1, s, mask.shape[-1]).repeat(1, 1, n_rep, 1)  # [B, 1, n_rep * S, K]
+    packed_mask = mask.scored_packed(b, n_rep)  # [B, 1, n_rep * S, K]
     out = _BACKENDS[backend](_OneGroup(module.training), packed_query, key, value, packed_mask, **kwargs)[0]
     # out [B, n_rep * S, Hkv, D] -> [B, S, Hkv, n_rep, D] -> [B, S, H, D]
     return out.reshape(b, n_rep, s, kv_heads, d).permute(0, 2, 3, 1, 4).reshape(b, s, h, d)
