@@ -228,14 +228,14 @@ def main() -> None:
             for batch_size in args.batch_sizes:
                 for length in args.lengths:
                     row = {"dtype": dtype, "batch_size": batch_size, "prompt_length": length}
-                    sources = {way: ROOT / "src" for way in WAYS}
+                    ways = {way: (way, ROOT / "src") for way in WAYS}  # name -> (what runs, from which src/)
                     if baseline_src is not None and length in args.baseline_lengths:
-                        sources["refusion_baseline"] = baseline_src
-                    runs = {way: [] for way in sources}
+                        ways["refusion_baseline"] = ("refusion", baseline_src)
+                    runs = {way: [] for way in ways}
                     for _ in range(args.repeats):  # the ways alternate, so a drift of the machine hits all
-                        for way, src in sources.items():
-                            runs[way].append(run_one(way.split("_")[0], length, batch_size, dtype, args, src))
-                    for way in sources:
+                        for way, (runs_as, src) in ways.items():
+                            runs[way].append(run_one(runs_as, length, batch_size, dtype, args, src))
+                    for way in runs:
                         row[way] = median_run(runs[way])
                     baseline = row.get("refusion_baseline", {})
                     if "seconds" in baseline and "seconds" in row["refusion"]:

@@ -202,9 +202,9 @@ def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["generate_ab.py", "generate_ab_interleaved.py"])
-def test_generate_ab_passes_its_generate_kwargs_to_both_sides(script, tmp_path):
-    """`--generate-kwargs` reaches `generate()` (a knob value it refuses makes the A/B fail, naming the knob), and
-    anything but a JSON object is refused by the argument parser."""
+def test_generate_ab_passes_its_generate_kwargs_to_generate(script, tmp_path):
+    """`--generate-kwargs` reaches `generate()` (a knob value it refuses makes the A/B fail, naming the knob; which
+    side fails first is not observed), and anything but a JSON object is refused by the argument parser."""
     command = [sys.executable, script, "--baseline", "HEAD", "--runs", "float32:1", "--prompts", "1", "--repeats", "1",
                "--max-new-tokens", "4", "--out", str(tmp_path / "ab.json"), "--generate-kwargs"]  # fmt: skip
     if script == "generate_ab.py":
