@@ -201,6 +201,33 @@ def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
         assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)
 
 
+def test_generate_ab_interleaved_overhead_model_is_the_embedded_architecture_shrunk(tmp_path):
+    """`--model overhead`: a random model of the embedded model's class, vocabulary, dtype and generation config at
+    `OVERHEAD_SHAPE`, the same weights on every build; the A/B runs on it (and says so in its JSON)."""
+    import torch
+
+    from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
+
+    ab = _import_benchmark("generate_ab_interleaved")
+    embedded, _ = load_model_and_tokenizer(str(default_model_path()), dtype="bfloat16")
+    model, again = ab.overhead_bound_model(embedded), ab.overhead_bound_model(embedded)
+    assert type(model) is type(embedded) and model.dtype == torch.bfloat16 and not model.training
+    assert {name: getattr(model.config, name) for name in ab.OVERHEAD_SHAPE} == ab.OVERHEAD_SHAPE
+    assert model.config.vocab_size == embedded.config.vocab_size
+    assert model.generation_config.to_dict() == embedded.generation_config.to_dict()
+    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in embedded.parameters()) / 10
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    out = tmp_path / "overhead.json"
+    command = [sys.executable, "generate_ab_interleaved.py", "--baseline", "HEAD", "--model", "overhead",
+               "--runs", "float32:1", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
+               "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["model"]["shape"] == ab.OVERHEAD_SHAPE and results["rows"][0]["same_tokens_and_forward_passes"]
+    assert results["rows"][0]["model_parameters"] == sum(p.numel() for p in model.parameters())  # the one decoded
+
+
 @pytest.mark.parametrize("script", ["generate_ab.py", "generate_ab_interleaved.py"])
 def test_generate_ab_passes_its_generate_kwargs_to_generate(script, tmp_path):
     """`--generate-kwargs` reaches `generate()` (a knob value it refuses makes the A/B fail, naming the knob; which
