@@ -13,8 +13,8 @@ issue 28's goals (at most 0.95 at batch 1, 1.02 at batch 4 and 16).
 
 `--model overhead` swaps the embedded model for a random one of its architecture and vocabulary shrunk until a
 forward is mostly Python (`OVERHEAD_SHAPE`: 2 layers, 32 wide; seeded, built by this checkout): the decoder's own
-Python per call and per forward then makes up most of the wall time instead of 1% to 5% of it, so a difference in
-it shows above the machine's drift. Random weights accept no draft beyond each round's first token: many small
+Python per call and per forward then makes up most of the wall time instead of a small share of it, so a difference
+in it shows above the machine's drift. Random weights accept no draft beyond each round's first token: many small
 forwards per call, a workload unlike the embedded model's (its ratios say where the decoders' Python differs, not
 what a user's call costs).
 
