@@ -22,6 +22,7 @@ import statistics
 import time
 
 import torch
+from generate_ab import generate_kwargs
 
 import refusion_hf
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--generate-kwargs", type=json.loads, default={}, help="a JSON object, for generate()")
+    parser.add_argument("--generate-kwargs", type=generate_kwargs, default={}, help="a JSON object, for generate()")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=args.dtype)

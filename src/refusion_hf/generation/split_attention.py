@@ -51,16 +51,17 @@ class SplitMask:
     context_width: int  # C
     context: torch.BoolTensor | None
     scored: torch.Tensor
-    packed: dict = field(default_factory=dict, compare=False, repr=False)  # n_rep -> its `scored_packed`
+    packed: dict = field(default_factory=dict, compare=False, repr=False)  # (B, n_rep) -> its `scored_packed`
 
     def scored_packed(self, batch_size: int, n_rep: int) -> torch.Tensor:
         """The scored rows' mask for queries packed by key/value head (`_scored_attention`): [B, 1, n_rep * S, K],
         rows (r, s), each of `scored`'s rows once per query head of a group. Built once per forward: every layer
         reads the same."""
-        packed = self.packed.get(n_rep)
+        packed = self.packed.get((batch_size, n_rep))
         if packed is None:
             _, _, s, k = self.scored.shape
-            packed = self.packed[n_rep] = self.scored.expand(batch_size, 1, s, k).repeat(1, 1, n_rep, 1)
+            packed = self.scored.expand(batch_size, 1, s, k).repeat(1, 1, n_rep, 1)
+            self.packed[batch_size, n_rep] = packed
         return packed
 
 
