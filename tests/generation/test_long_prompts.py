@@ -18,7 +18,7 @@ from tests.tiny_models import tiny_refusion_model
 CASES = load_cases()
 
 
-def _recorded_masks(monkeypatch, split_from: int = 0) -> list[SplitMask | torch.Tensor]:
+def _recorded_masks(monkeypatch, split_from: int = 0) -> list[SplitMask]:
     """Every mask the decoder builds from now on, in order; contexts split from `split_from` entries per row on
     (0: every context)."""
     monkeypatch.setattr(ragged_kv_cache, "SPLIT_FROM", split_from)
@@ -68,8 +68,8 @@ def test_a_padded_batch_gets_a_boolean_context_mask_as_stock_does(model32, monke
 
 def test_a_short_context_is_fed_with_one_dense_mask_and_decodes_as_split(model32, monkeypatch):
     """Below `SPLIT_FROM` entries per context row, the forward gets one dense additive [B, 1, C + S, T + C + S]
-    mask (one kernel call per layer); at and above it, the split one. Same tokens and forward passes either way,
-    on a padded batch too."""
+    mask for all its rows (context width 0: one kernel call per layer); at and above it, the split one. Same tokens
+    and forward passes either way, on a padded batch too."""
     generator = torch.Generator().manual_seed(2)
     ids = torch.randint(4, 60, (2, 40), generator=generator)
     ids[1, :9] = 0
@@ -77,8 +77,9 @@ def test_a_short_context_is_fed_with_one_dense_mask_and_decodes_as_split(model32
     knobs = dict(max_new_tokens=12, slot_size=4, block_size=8, pad_token_id=0, return_dict_in_generate=True)
     masks = _recorded_masks(monkeypatch, split_from=40 * 48 + 1)  # the prompt's rows: 40 * (40 + 8) entries
     dense = model32.generate(ids, attention_mask=mask, **knobs)
-    first = masks[0]
-    assert torch.is_tensor(first) and first.shape == (2, 1, 40 + 8, 40 + 8) and first.dtype == torch.float32
+    first = masks[0].scored
+    assert masks[0].context_width == 0 and masks[0].context is None
+    assert first.shape == (2, 1, 40 + 8, 40 + 8) and first.dtype == torch.float32
     assert (first[1, 0, 20, :9] < 0).all() and (first[1, 0, 20, 9:21] == 0).all()  # pads blocked, causal
     assert (first[0, 0, :40, 40:] < 0).all()  # the context does not see the scored tokens
     masks.clear()
@@ -92,12 +93,18 @@ def test_a_short_context_is_fed_with_one_dense_mask_and_decodes_as_split(model32
 @pytest.mark.parametrize("backend", ["sdpa", "eager"])
 @pytest.mark.parametrize("cached", [0, 6], ids=["empty-cache", "filled-cache"])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4], ids=["4-query-heads-per-kv", "2-per-kv", "no-grouping"])
-@pytest.mark.parametrize("pack_from", [0, 2**62], ids=["packed", "repeated"])
-def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached, kv_heads, pack_from, monkeypatch):
+@pytest.mark.parametrize(
+    "pack_from, grouped_devices", [(0, ()), (2**62, ("cpu",)), (2**62, ())], ids=["packed", "grouped", "repeated"]
+)
+def test_split_attention_equals_the_dense_mask_it_replaces(
+    backend, cached, kv_heads, pack_from, grouped_devices, monkeypatch
+):
     """One forward with a `SplitMask` gives the logits of the same forward with the dense [C + S, T + C + S] mask,
     with an empty cache (causal context, no mask) and a filled one with holes (context sees the valid entries); with
-    grouped query heads (the scored rows run packed by key/value head from a long enough cache) and without."""
+    grouped query heads (the scored rows packed by key/value head from a long enough cache, run grouped by sdpa's
+    `enable_gqa` below it on CPU, or on repeated key/value heads as transformers' backends do) and without."""
     monkeypatch.setattr(split_attention_module, "PACK_FROM", pack_from)
+    monkeypatch.setattr(split_attention_module, "GROUPED_SDPA_DEVICES", grouped_devices)
     torch.manual_seed(0)
     model = tiny_refusion_model(attn_implementation=backend, num_attention_heads=4, num_key_value_heads=kv_heads)
     model = model.double()
@@ -132,6 +139,37 @@ def test_split_attention_equals_the_dense_mask_it_replaces(backend, cached, kv_h
     assert model.config._attn_implementation == backend  # restored
     tolerance = 1e-10 if backend == "sdpa" else 1e-6  # eager's softmax runs in float32 whatever the dtype
     torch.testing.assert_close(logits, reference, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("split_from", [0, 2**62], ids=["split", "dense"])
+def test_grouped_heads_run_grouped_on_cpu_with_the_tokens_of_repeated_heads(split_from, monkeypatch):
+    """On CPU, sdpa's masked rows with grouped key/value heads never copy the cache per query head (transformers'
+    `repeat_kv`): torch's SDPA runs them grouped (`enable_gqa`), the tokens and forward passes those of repeated
+    heads, on a left-padded batch (its context rows masked too) with contexts split or fed under one dense mask."""
+    from transformers.integrations import sdpa_attention
+
+    copies = [0]
+    repeat_kv = sdpa_attention.repeat_kv
+
+    def counting(hidden_states, n_rep):
+        copies[0] += n_rep > 1
+        return repeat_kv(hidden_states, n_rep)
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", counting)
+    monkeypatch.setattr(ragged_kv_cache, "SPLIT_FROM", split_from)
+    model = tiny_refusion_model(num_attention_heads=4, num_key_value_heads=2)
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(4, 60, (2, 30), generator=generator)
+    ids[1, :7] = 0
+    knobs = dict(max_new_tokens=16, slot_size=4, block_size=8, pad_token_id=0, mask_token_id=3, eos_token_id=1)
+    knobs["return_dict_in_generate"] = True
+    grouped = model.generate(ids, attention_mask=(ids != 0).long(), **knobs)
+    assert copies[0] == 0
+    monkeypatch.setattr(split_attention_module, "GROUPED_SDPA_DEVICES", ())
+    repeated = model.generate(ids, attention_mask=(ids != 0).long(), **knobs)
+    assert copies[0] > 0
+    assert grouped.sequences.tolist() == repeated.sequences.tolist()
+    assert grouped.num_forward_passes == repeated.num_forward_passes
 
 
 def test_eager_decodes_the_golden_cases_as_sdpa_does(fixture_path):

@@ -139,7 +139,7 @@ class RaggedKVCache:
         context_pads: torch.LongTensor | None = None,
         views: torch.LongTensor | None = None,
         hidden=None,
-    ) -> SplitMask | torch.Tensor:
+    ) -> SplitMask:
         """One forward's mask (split_attention.py) for rows that feed [C context tokens, left-padded by
         `context_pads` ([B]; None: no row is)] + [S scored tokens]. visible: [B, S, S] among the scored tokens,
         sees_context: [B, S, C] (False on pads), views: [B, S, 2] pending tags each scored token sees ([lo, hi)),
@@ -149,7 +149,8 @@ class RaggedKVCache:
         see the committed entries and, causally, each other: boolean [B, 1, C, T + C], or nothing built at all (None:
         sdpa's causal kernel) when the cache is empty and no row is padded, as on a prompt's prefill. A context
         whose rows would hold fewer than `SPLIT_FROM` entries is not split: the forward gets one dense additive
-        [B, 1, C + S, T + C + S] mask (one kernel call per layer, as stock's padded prefill)."""
+        [B, 1, C + S, T + C + S] mask for all its rows (one kernel call per layer, as stock's padded prefill), as a
+        `SplitMask` of context width 0."""
         batch_size, s, c = sees_context.shape
         t = self.valid.shape[1]
         cached = self.valid[:, None, :].expand(batch_size, s, -1)  # [B, S, T]
@@ -162,7 +163,8 @@ class RaggedKVCache:
         allowed = torch.cat([cached, sees_context, visible], dim=-1)  # [B, S, T + C + S]
         if c and c * (t + c + s) < SPLIT_FROM:
             context = F.pad(self._context_rows(c, context_pads), (0, s))  # [B, C, T + C + S]: no scored token
-            return torch.where(torch.cat([context, allowed], dim=1)[:, None], self.attend, self.blocked)
+            dense = torch.where(torch.cat([context, allowed], dim=1)[:, None], self.attend, self.blocked)
+            return SplitMask(0, None, dense)  # every row masked as a scored one is: one kernel call per layer
         scored = torch.where(allowed[:, None], self.attend, self.blocked)
         if not c or (context_pads is None and not t):
             return SplitMask(c, None, scored)

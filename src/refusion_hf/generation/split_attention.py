@@ -11,14 +11,17 @@ builds for a padded batch; a revised block re-fed on a filled cache gets `[C, T 
 short context (below `ragged_kv_cache.SPLIT_FROM` entries per row) is not split at all: one dense mask over the
 whole forward costs less there than a second kernel call per layer.
 
-The attention itself stays transformers' (`sdpa_attention_forward`, and the Qwen3 module's `eager_attention_forward`):
-this module registers, with transformers' `AttentionInterface`, one function per backend that runs it once per part
-and concatenates the two outputs. `split_attention(model)` selects it for the decoding loop through the public
-`set_attn_implementation` (`_compat.transformers.select_attn_implementation`: what it sets, without its walk over
-the modules on every call) and restores the model's own implementation afterwards; for any other mask (a training
-step, stock generate on the same model meanwhile) the registered function is exactly the backend's, so selecting it
-changes nothing else. flash-attention and flex-attention kernels take no arbitrary per-query masks in this form:
-a model that uses them is refused with a message naming `set_attn_implementation("sdpa")`.
+The attention itself stays transformers' (`sdpa_attention_forward`, and the Qwen3 module's
+`eager_attention_forward`): this module registers, with transformers' `AttentionInterface`, one function per backend
+that runs it once per part and concatenates the two outputs. With grouped-query attention the masked rows skip the
+backends' copy of the cache per query head (`repeat_kv`): packed by key/value head from a long cache, and on CPU
+through torch's own SDPA with `enable_gqa` (`_grouped_sdpa`; transformers' sdpa wrapper passes it only without a
+mask). `split_attention(model)` selects it for the decoding loop through the public `set_attn_implementation`
+(`_compat.transformers.select_attn_implementation`: what it sets, without its walk over the modules on every call)
+and restores the model's own implementation afterwards; for any other mask (a training step, stock generate on the
+same model meanwhile) the registered function is exactly the backend's, so selecting it changes nothing else.
+flash-attention and flex-attention kernels take no arbitrary per-query masks in this form: a model that uses them is
+refused with a message naming `set_attn_implementation("sdpa")`.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -31,6 +34,7 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
@@ -46,7 +50,9 @@ class SplitMask:
 
     context: [B, 1, C, T + C] boolean (True = attend), or None: causal over the C context tokens alone (the cache is
              empty and no row is padded);
-    scored:  [B, 1, S, T + C + S] additive (0 = attend, finfo.min = blocked), in the model's dtype."""
+    scored:  [B, 1, S, T + C + S] additive (0 = attend, finfo.min = blocked), in the model's dtype.
+    A context width of 0 puts every row of the forward in `scored`: a forward of scored tokens only, or a short
+    context and its scored tokens under one dense mask (`ragged_kv_cache.SPLIT_FROM`)."""
 
     context_width: int  # C
     context: torch.BoolTensor | None
@@ -88,7 +94,7 @@ def _split(backend: str):
                 context_mask = torch.zeros(context_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
                     ~context_mask, blocked
                 )
-            context = _BACKENDS[backend](module, query[:, :, :c], keys, values, context_mask, **kwargs)[0]
+            context = _masked_attention(backend, module, query[:, :, :c], keys, values, context_mask, **kwargs)
         return torch.cat([context, scored], dim=1), None
 
     return attention
@@ -99,6 +105,10 @@ def _split(backend: str):
 # few hundred entries: 4% to 12% slower whole calls packed, by a one-off uncommitted script; benchmarks/README.md).
 # 2**20 is a 4k cache there, 256 entries for Qwen3-8B.
 PACK_FROM = 2**20
+# Devices whose torch SDPA runs grouped key/value heads under a mask at no loss (`enable_gqa`: the CPU kernel reads
+# each key/value head for its group of query heads; same outputs as on repeated heads, bit for bit). CUDA's kernels
+# fall back to the math one for a masked grouped call, so transformers passes `enable_gqa` only without a mask.
+GROUPED_SDPA_DEVICES = ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -116,13 +126,13 @@ def _scored_attention(backend, module, query, key, value, mask: SplitMask, **kwa
 
     With grouped-query attention and a mask, transformers' backends copy every cached key and value once per query
     head of a group (`repeat_kv`: the whole cache, every layer, every forward; sdpa packs the heads instead only for
-    one query token, `pack_gqa`). The scored rows are few, so they are packed the same way for any S: the `n_rep`
-    query heads of a key/value head become `n_rep * S` rows of one head, the mask's rows repeated to match
-    (`n_rep * S * K` entries instead of `2 * H * K * D` copied), and the backend runs on the key/value heads as they
-    are cached. Only where the cache is long enough for that to pay (`PACK_FROM`)."""
+    one query token, `pack_gqa`). The scored rows are few, so from a long enough cache (`PACK_FROM`) they are packed
+    the same way for any S: the `n_rep` query heads of a key/value head become `n_rep * S` rows of one head, the
+    mask's rows repeated to match (`n_rep * S * K` entries instead of `2 * H * K * D` copied), and the backend runs
+    on the key/value heads as they are cached. Below it, they run as `_masked_attention` does."""
     n_rep = getattr(module, "num_key_value_groups", 1)
     if n_rep == 1 or query.shape[1] * key.shape[2] * key.shape[3] < PACK_FROM:
-        return _BACKENDS[backend](module, query, key, value, mask.scored, **kwargs)[0]
+        return _masked_attention(backend, module, query, key, value, mask.scored, **kwargs)
     b, h, s, d = query.shape
     kv_heads = h // n_rep
     packed_query = query.reshape(b, kv_heads, n_rep * s, d)  # head h = kv * n_rep + r: rows (r, s) of head kv
@@ -130,6 +140,31 @@ def _scored_attention(backend, module, query, key, value, mask: SplitMask, **kwa
     out = _BACKENDS[backend](_OneGroup(module.training), packed_query, key, value, packed_mask, **kwargs)[0]
     # out [B, n_rep * S, Hkv, D] -> [B, S, Hkv, n_rep, D] -> [B, S, H, D]
     return out.reshape(b, n_rep, s, kv_heads, d).permute(0, 2, 3, 1, 4).reshape(b, s, h, d)
+
+
+def _masked_attention(backend, module, query, key, value, mask, **kwargs) -> torch.Tensor:
+    """The backend's attention under `mask` ([B, 1, Q, K], the backend's kind), [B, Q, H, D] out; sdpa with grouped
+    key/value heads on a `GROUPED_SDPA_DEVICES` device runs them grouped (`_grouped_sdpa`) instead of repeated."""
+    if (
+        backend == "sdpa"
+        and getattr(module, "num_key_value_groups", 1) > 1
+        and query.device.type in GROUPED_SDPA_DEVICES
+    ):
+        return _grouped_sdpa(module, query, key, value, mask, **kwargs)
+    return _BACKENDS[backend](module, query, key, value, mask, **kwargs)[0]
+
+
+def _grouped_sdpa(module, query, key, value, mask, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """query [B, H, S, D], key / value [B, Hkv, K, D] (H a multiple of Hkv), mask [B, 1, S, K] (additive or
+    boolean) -> [B, S, H, D]: `sdpa_attention_forward`'s call of torch's SDPA with `enable_gqa`, which transformers
+    makes only without a mask (see `GROUPED_SDPA_DEVICES`). What else that wrapper handles (softcap, attention
+    weights, position biases) is no part of a Qwen3 decoding forward: any of it is left to the wrapper."""
+    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or kwargs.get("output_attentions"):
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)[0]
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )  # [B, H, S, D]
+    return out.transpose(1, 2).contiguous()
 
 
 _BACKENDS = {"sdpa": sdpa_attention_forward, "eager": eager_attention_forward}
