@@ -201,6 +201,25 @@ def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
         assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)
 
 
+def test_grouped_attention_times_the_three_ways_on_identical_outputs(tmp_path):
+    """The masked-rows microbenchmark at a tiny size: every way (repeated, grouped, packed) on both head layouts,
+    each row's outputs identical across the ways (else the script exits 1), and decoding's own choice recorded."""
+    out = tmp_path / "grouped_attention.json"
+    command = [sys.executable, "grouped_attention.py", "--queries", "4", "--cache", "16,64", "--dtypes", "float32",
+               "--repeats", "1", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["split_attention_defaults"] == {"pack_from": 2**20, "grouped_sdpa_devices": ["cpu"]}
+    rows = results["rows"]
+    assert [(row["heads"], row["cached_entries"]) for row in rows] == [
+        ("embedded", 16), ("embedded", 64), ("qwen3-8b", 16), ("qwen3-8b", 64)
+    ]  # fmt: skip
+    for row in rows:
+        assert row["identical_outputs"] and set(row["microseconds"]) == {"repeated", "grouped", "packed"}
+        assert row["over_repeated"]["repeated"] == 1.0 and all(t > 0 for t in row["microseconds"].values())
+
+
 def test_generate_ab_interleaved_overhead_model_is_the_embedded_architecture_shrunk(tmp_path):
     """`--model overhead`: a random model of the embedded model's class, vocabulary, dtype and generation config at
     `OVERHEAD_SHAPE`, the same weights on every build; the A/B runs on it (and says so in its JSON)."""

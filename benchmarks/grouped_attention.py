@@ -1,0 +1,123 @@
+"""The decoder's masked attention rows with grouped key/value heads, three ways, side by side in one process: the
+choice `split_attention._scored_attention` makes by device and cache length (`PACK_FROM`, `GROUPED_SDPA_DEVICES`).
+
+- repeated: transformers' `sdpa_attention_forward` as it runs with a mask, copying every cached key and value once
+  per query head of a group (`repeat_kv`);
+- grouped: torch's SDPA on the key/value heads as cached (`enable_gqa`; `split_attention._grouped_sdpa`);
+- packed: the query heads of a group as rows of one head, the mask's rows repeated (`SplitMask.scored_packed`).
+
+Each is the real code path of `split_attention` (its module constants set per way), on random queries, a cache of
+K entries (views of a buffer with room, as `InPlaceLayer` hands them out) and an additive mask; outputs must be
+identical across the three ways (else it exits with status 1). Times are each way's fastest of `--repeats` loops,
+the ways interleaved; ratios are against repeated.
+
+    .venv/bin/python benchmarks/grouped_attention.py --out benchmarks/results/grouped_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from results_file import write_results
+
+from refusion_hf.generation import split_attention
+from refusion_hf.generation.split_attention import SplitMask
+
+ROOT = Path(__file__).resolve().parents[1]
+# (name, query heads, key/value heads, head size): the embedded model's attention, and Qwen3-8B's
+HEADS = (("embedded", 4, 2, 64), ("qwen3-8b", 32, 8, 128))
+WAYS = {  # way -> (PACK_FROM, GROUPED_SDPA_DEVICES)
+    "repeated": (2**62, ()),
+    "grouped": (2**62, ("cpu",)),
+    "packed": (0, ()),
+}
+
+
+@dataclass(frozen=True)
+class AttentionModule:
+    """What the sdpa backend reads of a Qwen3 attention module."""
+
+    num_key_value_groups: int
+    training: bool = False
+    is_causal: bool = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--queries", default="8,32", help="scored rows S per forward, comma-separated")
+    parser.add_argument("--cache", default="75,300,1100,4096", help="cached entries K, comma-separated")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--repeats", type=int, default=7, help="timed loops per way (fastest counts)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grouped_attention.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    defaults = {"pack_from": split_attention.PACK_FROM, "grouped_sdpa_devices": split_attention.GROUPED_SDPA_DEVICES}
+    rows = []
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        for name, heads, kv_heads, head_size in HEADS:
+            module = AttentionModule(heads // kv_heads)
+            for s in (int(v) for v in args.queries.split(",")):
+                for k in (int(v) for v in args.cache.split(",")):
+                    query = torch.randn(1, heads, s, head_size, generator=generator).to(dtype)
+                    room = torch.randn(2, 1, kv_heads, k + 256, head_size, generator=generator).to(dtype)
+                    key, value = room[0, :, :, :k], room[1, :, :, :k]  # views with room after them
+                    blocked = torch.rand(1, 1, s, k, generator=generator) < 0.2
+                    blocked[..., -1] = False  # no row fully blocked
+                    mask = torch.zeros(1, 1, s, k, dtype=dtype).masked_fill_(blocked, torch.finfo(dtype).min)
+                    scaling = head_size**-0.5
+                    # about 20 ms of work per loop on this machine's slowest setting
+                    loops = max(5, int(2e7 / (heads * s * k * head_size)))
+                    outputs, seconds = {}, {way: float("inf") for way in WAYS}
+                    for repeat in range(1 + args.repeats):
+                        for way in WAYS if repeat % 2 == 0 else list(WAYS)[::-1]:
+                            split_attention.PACK_FROM, split_attention.GROUPED_SDPA_DEVICES = WAYS[way]
+                            split = SplitMask(0, None, mask)
+                            start = time.perf_counter()
+                            for _ in range(loops):
+                                out = split_attention._scored_attention(
+                                    "sdpa", module, query, key, value, split, scaling=scaling
+                                )
+                            if repeat:
+                                seconds[way] = min(seconds[way], (time.perf_counter() - start) / loops)
+                            outputs[way] = out
+                    if not all(torch.equal(outputs["repeated"], out) for out in outputs.values()):
+                        raise SystemExit(f"{name} {dtype_name} S={s} K={k}: the ways' outputs differ")
+                    rows.append(
+                        {
+                            "dtype": dtype_name,
+                            "heads": name,
+                            "query_heads": heads,
+                            "key_value_heads": kv_heads,
+                            "head_size": head_size,
+                            "scored_rows": s,
+                            "cached_entries": k,
+                            "microseconds": {way: round(t * 1e6, 2) for way, t in seconds.items()},
+                            "over_repeated": {way: round(t / seconds["repeated"], 3) for way, t in seconds.items()},
+                            "copied_entries_per_tensor_when_repeated": heads * k * head_size,
+                            "identical_outputs": True,
+                        }
+                    )
+                    print(f"{dtype_name} {name} S={s} K={k}: {rows[-1]['over_repeated']}", file=sys.stderr)
+    split_attention.PACK_FROM, split_attention.GROUPED_SDPA_DEVICES = defaults.values()
+    write_results(
+        {
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "split_attention_defaults": defaults,  # what decoding uses: the way each row's setting takes
+            "rows": rows,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
