@@ -1,17 +1,19 @@
 """Whole `generate()` of this checkout against a baseline commit's, in fresh processes alternating: the A/B for any
 change to generation (preparation, decoder, draft policy, output), each side importing only its own package.
 
-The baseline's `src/` is extracted with `git archive` into a temporary folder; `generate_ab_worker.py` runs once
-per side, round and dtype as a fresh `python` process with `PYTHONPATH` pointing at that side's `src/` (each worker
+The baseline's `src/` is extracted with `git archive` into a temporary folder; `generate_ab_worker.py` runs once per
+side, round and dtype as a fresh `python` process with `PYTHONPATH` pointing at that side's `src/` (each worker
 reports the `refusion_hf.__file__` it imported, checked here and written to the JSON). A worker loads the embedded
-model, warms up, times `--repeats` passes of `generate()` over `--prompts` synthetic prompts per batch size (each
-batch by its fastest call) and the per-call setup around the decoding loop's forwards. Which side runs first
-alternates from round to round; per batch size, each batch's fastest call in any round counts (the sum of those is
-`seconds_each_batch_at_its_best`; the best round's total is reported too). Tokens and forward passes
-must be identical on both sides in every round (else it exits with status 1). Reports the current wall time over
-the baseline's (below 1: this checkout is faster) against the goals of issue 28 (at most 0.95 at batch 1, 1.02 at
-batch 4 and 16), and both sides' per-call setup in milliseconds: around the forwards (everything before the first
-and after the last) and, apart from the decoder's, `generate()`'s own before and after its decoding loop.
+model with its side's own class (`--weights current`, the default: this checkout's weights on both sides, since the
+decoders compare only on the same weights and the embedded model was retrained after some baselines; `own`: each
+side its own commit's), warms up, times `--repeats` passes of `generate()` over `--prompts` synthetic prompts per
+batch size (each batch by its fastest call) and the per-call setup around the decoding loop's forwards. Which side
+runs first alternates from round to round; per batch size, each batch's fastest call in any round counts (the sum of
+those is `seconds_each_batch_at_its_best`; the best round's total is reported too). Tokens and forward passes must
+be identical on both sides in every round (else it exits with status 1). Reports the current wall time over the
+baseline's (below 1: this checkout is faster) against the goals of issue 28 (at most 0.95 at batch 1, 1.02 at batch
+4 and 16), and both sides' per-call setup in milliseconds: around the forwards (everything before the first and
+after the last) and, apart from the decoder's, `generate()`'s own before and after its decoding loop.
 
     nice -n 0 .venv/bin/python benchmarks/generate_ab.py --baseline e2b8e4c --out benchmarks/results/generate_ab.json
 """
@@ -32,6 +34,7 @@ from results_file import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().with_name("generate_ab_worker.py")
+CURRENT_WEIGHTS = ROOT / "src" / "refusion_hf" / "assets" / "default_model"  # this checkout's embedded model
 GOALS = {1: 0.95, 4: 1.02, 16: 1.02}  # issue 28: current wall time over the baseline's, at most
 SIDES = ("baseline", "current")
 
@@ -79,6 +82,8 @@ def run_worker(src: Path, dtype: str, batch_sizes: str, args) -> dict:
     command = [sys.executable, str(WORKER), "--dtype", dtype, "--batch-sizes", batch_sizes, "--prompts",
                str(args.prompts), "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
                "--threads", str(args.threads), "--generate-kwargs", json.dumps(args.generate_kwargs)]  # fmt: skip
+    if args.weights == "current":
+        command += ["--model-path", str(CURRENT_WEIGHTS)]
     env = {**os.environ, "PYTHONPATH": str(src)}
     completed = subprocess.run(command, env=env, capture_output=True, text=True)
     if completed.returncode != 0:
@@ -121,18 +126,22 @@ def comparison_arguments(description: str, out_name: str, repeats: int, repeats_
 def main() -> None:
     parser = comparison_arguments(__doc__, "generate_ab.json", 3, "timed passes per worker (after a warm-up)")
     parser.add_argument("--rounds", type=positive_int, default=5, help="fresh workers per side and DTYPE:BATCH_SIZES")
+    parser.add_argument(
+        "--weights", choices=("current", "own"), default="current",
+        help="the embedded model both sides decode: this checkout's, or each side its own commit's",
+    )  # fmt: skip
     args = parser.parse_args()
     load_before, head_before = os.getloadavg(), git("rev-parse", "--short", "HEAD")
     with tempfile.TemporaryDirectory() as folder:
         sources = {"baseline": extract_baseline(args.baseline, Path(folder)), "current": ROOT / "src"}
         results = {}  # (dtype, batch size) -> side -> list of the rounds' rows
-        packages = {}
+        packages, models = {}, {}  # side -> the package it imported, the model folder it loaded
         for round_index in range(args.rounds):
             for run_index, (dtype, batch_sizes) in enumerate(args.runs):
                 order = SIDES if (round_index + run_index) % 2 == 0 else SIDES[::-1]
                 for side in order:
                     result = run_worker(sources[side], dtype, batch_sizes, args)
-                    packages[side] = result["package"]
+                    packages[side], models[side] = result["package"], result["model_path"]
                     for row in result["rows"]:
                         results.setdefault((dtype, row["batch_size"]), {}).setdefault(side, []).append(row)
                     print(f"round {round_index + 1} {dtype} {side}: "
@@ -197,6 +206,8 @@ def main() -> None:
             "repeats_per_worker": args.repeats,
             "generate_kwargs": args.generate_kwargs,
             "rounds": args.rounds,
+            "weights": args.weights,
+            "model_paths": models,
             "load_average_before_after": [load_before[0], os.getloadavg()[0]],
             "rows": rows,
         },

@@ -1,14 +1,15 @@
 """One side of `generate_ab.py`: times whole `model.generate()` calls of whichever `refusion_hf` this process
 imports (`PYTHONPATH` decides: the checkout's `src/` or a baseline commit's), and prints JSON to stdout.
 
-The embedded model (`default_model_path()` of the imported package) in `--dtype`, its decoding defaults, the
-synthetic test prompts through the chat template, left-padded into batches of each `--batch-sizes`. Per batch size:
-one warm-up pass over all batches, then `--repeats` passes, each batch timed by its fastest call. Forward hooks on
-the model time the per-call setup: from the call to the first forward's start (config merge, checks, processors,
-criteria, draft policy, the decoder's own preparation) and from the last forward's end to the return (the last
-step's decisions, output building); and, through the module-level `decode_batch` that `refusion_generate` calls,
-`generate()`'s own setup before and after the decoding loop. Otherwise only the public API of the package is used
-(loading, synthetic tasks, `generate()`), so any commit of it runs.
+The embedded model (`default_model_path()` of the imported package, or `--model-path`) in `--dtype`, loaded by the
+imported package's own class, its decoding defaults, the synthetic test prompts through the chat template,
+left-padded into batches of each `--batch-sizes`. Per batch size: one warm-up pass over all batches, then
+`--repeats` passes, each batch timed by its fastest call. Forward hooks on the model time the per-call setup: from
+the call to the first forward's start (config merge, checks, processors, criteria, draft policy, the decoder's own
+preparation) and from the last forward's end to the return (the last step's decisions, output building); and,
+through the module-level `decode_batch` that `refusion_generate` calls, `generate()`'s own setup before and after
+the decoding loop. Otherwise only the public API of the package is used (loading, synthetic tasks, `generate()`), so
+any commit of it runs.
 
     PYTHONPATH=src python benchmarks/generate_ab_worker.py --dtype bfloat16 --batch-sizes 1,4,16
 """
@@ -81,9 +82,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--generate-kwargs", type=generate_kwargs, default={}, help="a JSON object, for generate()")
+    parser.add_argument("--model-path", help="a model folder (default: the imported package's embedded model)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model_and_tokenizer(str(default_model_path()), dtype=args.dtype)
+    model_path = args.model_path or str(default_model_path())
+    model, tokenizer = load_model_and_tokenizer(model_path, dtype=args.dtype)
     problems = generate_problems("test", args.prompts, 0, families=["arithmetic", "listing"])
     prompts = [prompt_ids(tokenizer, problem.prompt) for problem in problems]
     pad = model.generation_config.pad_token_id or 0
@@ -131,7 +134,7 @@ def main() -> None:
                 "tokens": tokens,
             }
         )
-    print(json.dumps({"package": refusion_hf.__file__, "dtype": args.dtype, "rows": rows}))
+    print(json.dumps({"package": refusion_hf.__file__, "model_path": model_path, "dtype": args.dtype, "rows": rows}))
 
 
 if __name__ == "__main__":

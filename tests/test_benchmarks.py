@@ -53,7 +53,8 @@ def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
 
 def test_generate_ab_compares_against_a_commit_in_fresh_processes(tmp_path):
     """The A/B of this checkout's `generate()` against a commit's (here HEAD's, the one commit a clone surely has):
-    each side's worker imports its own package, tokens and forward passes agree, setup times are reported."""
+    each side's worker imports its own package and loads this checkout's weights with it, tokens and forward passes
+    agree, setup times are reported."""
     out = tmp_path / "generate_ab.json"
     command = [sys.executable, "generate_ab.py", "--baseline", "HEAD", "--rounds", "1", "--runs", "float32:1,2",
                "--prompts", "2", "--repeats", "1", "--max-new-tokens", "8", "--out", str(out)]  # fmt: skip
@@ -62,6 +63,8 @@ def test_generate_ab_compares_against_a_commit_in_fresh_processes(tmp_path):
     results = json.loads(out.read_text())
     assert results["packages"]["current"] == str(BENCHMARKS.parent / "src" / "refusion_hf" / "__init__.py")
     assert "/baseline/src/refusion_hf/" in results["packages"]["baseline"]
+    weights = str(BENCHMARKS.parent / "src" / "refusion_hf" / "assets" / "default_model")
+    assert results["weights"] == "current" and results["model_paths"] == {"baseline": weights, "current": weights}
     assert [(row["dtype"], row["batch_size"]) for row in results["rows"]] == [("float32", 1), ("float32", 2)]
     for row in results["rows"]:
         assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
