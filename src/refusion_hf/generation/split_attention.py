@@ -105,9 +105,9 @@ def _split(backend: str):
 # few hundred entries: 4% to 12% slower whole calls packed, by a one-off uncommitted script; benchmarks/README.md).
 # 2**20 is a 4k cache there, 256 entries for Qwen3-8B.
 PACK_FROM = 2**20
-# Devices whose torch SDPA runs grouped key/value heads under a mask at no loss (`enable_gqa`: the CPU kernel reads
-# each key/value head for its group of query heads; same outputs as on repeated heads, bit for bit). CUDA's kernels
-# fall back to the math one for a masked grouped call, so transformers passes `enable_gqa` only without a mask.
+# Devices whose torch SDPA takes grouped key/value heads under a mask as they are cached (`enable_gqa`), faster than
+# on heads repeated and with the same outputs bit for bit in every shape benchmarks/grouped_attention.py times (CPU).
+# transformers passes `enable_gqa` only without a mask: CUDA's kernels fall back to the math one for a masked call.
 GROUPED_SDPA_DEVICES = ("cpu",)
 
 
