@@ -36,7 +36,10 @@ class InPlaceLayer(DynamicLayer):
     exposes its tensors; `crop` only shortens the front; setting them (`batch_select_indices`, `map_cache_tensors`,
     offloading) replaces the buffer by the tensor given."""
 
-    MIN_ROOM = 256
+    # Room a buffer gets at least: a few forwards' worth at a short prompt. More is not free: at batch 16 a room of
+    # 256 made the prompt's forward slower than the same forward on exact-size tensors (benchmarks/README.md,
+    # "Grouped key/value heads").
+    MIN_ROOM = 64
 
     def __init__(self, **kwargs):
         self.buffers = {"keys": None, "values": None}  # [B, H, capacity, D] each (or the tensor last set)
