@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from generate_ab import positive_int
 from results_file import write_results
 
 from refusion_hf.generation import split_attention
@@ -38,6 +39,20 @@ WAYS = {  # way -> (PACK_FROM, GROUPED_SDPA_DEVICES)
 }
 
 
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 1, e.g. `8,32`."""
+    return [positive_int(part) for part in text.split(",")]
+
+
+def dtype_names(text: str) -> list[str]:
+    """An argparse type: comma-separated floating dtypes SDPA runs on CPU, e.g. `float32,bfloat16`."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in ("float32", "bfloat16", "float16")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not float32, bfloat16 or float16")
+    return names
+
+
 @dataclass(frozen=True)
 class AttentionModule:
     """What the sdpa backend reads of a Qwen3 attention module."""
@@ -49,23 +64,23 @@ class AttentionModule:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--queries", default="8,32", help="scored rows S per forward, comma-separated")
-    parser.add_argument("--cache", default="75,300,1100,4096", help="cached entries K, comma-separated")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--repeats", type=int, default=7, help="timed loops per way (fastest counts)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--queries", type=positive_ints, default=[8, 32], help="scored rows S per forward, e.g. 8,32")
+    parser.add_argument("--cache", type=positive_ints, default=[75, 300, 1100, 4096], help="cached entries K")
+    parser.add_argument("--dtypes", type=dtype_names, default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed loops per way (fastest counts)")
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grouped_attention.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     defaults = {"pack_from": split_attention.PACK_FROM, "grouped_sdpa_devices": split_attention.GROUPED_SDPA_DEVICES}
     rows = []
-    for dtype_name in args.dtypes.split(","):
+    for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         for name, heads, kv_heads, head_size in HEADS:
             module = AttentionModule(heads // kv_heads)
-            for s in (int(v) for v in args.queries.split(",")):
-                for k in (int(v) for v in args.cache.split(",")):
+            for s in args.queries:
+                for k in args.cache:
                     query = torch.randn(1, heads, s, head_size, generator=generator).to(dtype)
                     room = torch.randn(2, 1, kv_heads, k + 256, head_size, generator=generator).to(dtype)
                     key, value = room[0, :, :, :k], room[1, :, :, :k]  # views with room after them

@@ -223,6 +223,17 @@ def test_grouped_attention_times_the_three_ways_on_identical_outputs(tmp_path):
         assert row["over_repeated"]["repeated"] == 1.0 and all(t > 0 for t in row["microseconds"].values())
 
 
+@pytest.mark.parametrize(
+    "arguments, message",
+    [(["--repeats", "0"], "'0' is not an integer >= 1"), (["--cache", "75,x"], "--cache"),
+     (["--dtypes", "float32,int8"], "int8: not float32")],
+)  # fmt: skip
+def test_grouped_attention_refuses_bad_flags_by_name(arguments, message, tmp_path):
+    completed = subprocess.run([sys.executable, "grouped_attention.py", *arguments, "--out", str(tmp_path / "x.json")],
+                               cwd=BENCHMARKS, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert completed.returncode == 2 and message in completed.stderr and not (tmp_path / "x.json").exists()
+
+
 def test_generate_ab_interleaved_overhead_model_is_the_embedded_architecture_shrunk(tmp_path):
     """`--model overhead`: a random model of the embedded model's class, vocabulary, dtype and generation config at
     `OVERHEAD_SHAPE`, the same weights on every build; the A/B runs on it (and says so in its JSON)."""

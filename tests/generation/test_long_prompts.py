@@ -172,6 +172,18 @@ def test_grouped_heads_run_grouped_on_cpu_with_the_tokens_of_repeated_heads(spli
     assert grouped.num_forward_passes == repeated.num_forward_passes
 
 
+def test_the_grouped_call_leaves_what_it_does_not_handle_to_transformers_sdpa_wrapper():
+    """`_grouped_sdpa` honours only what a Qwen3 decoding forward passes; a softcap is not dropped but reaches
+    transformers' wrapper, which refuses it by name."""
+
+    class Module:
+        num_key_value_groups, training, is_causal = 2, False, False
+
+    query, key = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="softcap"):
+        split_attention_module._grouped_sdpa(Module(), query, key, key, torch.zeros(1, 1, 3, 5), softcap=30.0)
+
+
 def test_eager_decodes_the_golden_cases_as_sdpa_does(fixture_path):
     from refusion_hf import RefusionForCausalLM
 
