@@ -419,3 +419,26 @@ def test_a_failing_programs_detail_never_claims_a_pass(monkeypatch):
     _, metric = SandboxedCodeEval().compute(references=[tests], predictions=[list(programs.values())], k=[1])
     for name, (_, entry) in zip(programs, metric[0]):
         assert entry["result"].startswith("failed: ") and "pass" not in unquoted(entry["result"]), name
+
+
+def test_a_stop_iteration_from_the_program_cannot_end_the_tests_iteration():
+    """A StopIteration raised out of a call inside `map()` (or `filter()`, `zip()`) would end the tests' iteration
+    quietly, so `assert all(map(...))` would pass a wrong answer (what a plain interpreter does: shown first); the
+    tests see it as a RuntimeError naming it, as PEP 479 does for generators, and a right answer still passes."""
+    tests = (
+        "cases = [((2, 3), 5), ((1, 1), 2), ((0, 7), 7)]\n"
+        "assert all(map(lambda case: add(*case[0]) == case[1], cases))\n"
+        "assert list(filter(lambda case: add(*case[0]) != case[1], cases)) == []\n"
+    )
+    stops = {
+        "StopIteration": "def add(a, b):\n    raise StopIteration\n",
+        "StopIteration with a value": "def add(a, b):\n    raise StopIteration(a * b)\n",
+        "StopAsyncIteration": "def add(a, b):\n    raise StopAsyncIteration('done')\n",
+    }
+    plain = subprocess.run([sys.executable, "-I", "-c", stops["StopIteration"] + tests], capture_output=True)
+    assert plain.returncode == 0, "in a plain interpreter the wrong answer passes"
+    results = run_programs([*stops.values(), PROMPT + RIGHT], tests=[tests] * 4, allow_code_execution=True)
+    for name, result in zip(stops, results):
+        assert not result.passed, f"{name}: {result}"
+        assert f"RuntimeError: `add` raised {name.split()[0]}" in result.detail, result.detail
+    assert results[-1].passed, results[-1]

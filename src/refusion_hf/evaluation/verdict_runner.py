@@ -313,11 +313,16 @@ def _pair(words) -> tuple[str, str]:
 
 
 def _program_exception(words, name: str) -> Exception:
-    """The program's exception as the tests see it: the builtin exception of that name, else ProgramError."""
+    """The program's exception as the tests see it: the builtin exception of that name, else ProgramError; but a
+    StopIteration or StopAsyncIteration becomes a RuntimeError naming it (as PEP 479 does for generators): raised
+    out of a call inside `map()`, `filter()`, `zip()` or a generator expression in the tests, it would end their
+    iteration quietly, and `assert all(map(...))` would pass a wrong answer."""
     kind, message = _pair(words)
     error_type = getattr(builtins, kind, None)
     error: Exception | None = None
-    if isinstance(error_type, type) and issubclass(error_type, Exception):
+    if isinstance(error_type, type) and issubclass(error_type, (StopIteration, StopAsyncIteration)):
+        error = RuntimeError(f"`{name}` raised {kind}" + (f": {message}" if message else ""))
+    elif isinstance(error_type, type) and issubclass(error_type, Exception):
         for base in error_type.__mro__:  # UnicodeDecodeError and the like take more than a message
             try:
                 error = base(message)
