@@ -12,6 +12,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from safetensors import SafetensorError
@@ -142,3 +143,94 @@ def test_a_mount_point_inside_the_folder_is_refused(capsys, tmp_path):
         subprocess.run(["umount", str(source / TEMPLATES)], check=True)
     assert_one_clear_error(code, err, f"--model {source}: {TEMPLATES} is a mount point")
     assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def _chat_template_loop(source):
+    (source / "chat_template.jinja").symlink_to("chat_template.jinja")
+
+
+def _two_link_loop(source):
+    (source / "chat_template.jinja").symlink_to("other.jinja")
+    (source / "other.jinja").symlink_to("chat_template.jinja")
+
+
+def _link_to_nothing(source):
+    (source / "chat_template.jinja").symlink_to("templates/missing.jinja")
+
+
+NOWHERE = {  # name -> (plant it, what the error line says)
+    "a link to itself": (_chat_template_loop, "chat_template.jinja is a loop of symbolic links (chat_template.jinja)"),
+    "two links to each other": (_two_link_loop, "chat_template.jinja is a loop of symbolic links (other.jinja)"),
+    "a link to nothing": (_link_to_nothing, "chat_template.jinja is a link to nothing (templates/missing.jinja)"),
+}
+
+
+@pytest.mark.parametrize("name", list(NOWHERE))
+def test_a_link_that_leads_nowhere_is_refused_not_dropped(capsys, tmp_path, monkeypatch, name):
+    """A `chat_template.jinja` that is a loop of symbolic links (or a link to nothing) is dropped silently by the
+    tokenizer's loader (shown with the check switched off: published without a chat template); publish refuses it
+    in one line."""
+    for checked in (False, True):
+        source, out = tmp_path / f"model-{checked}", tmp_path / f"out-{checked}"
+        shutil.copytree(FIXTURE, source)
+        NOWHERE[name][0](source)
+        with monkeypatch.context() as patch:
+            if not checked:
+                patch.setattr(PUBLISH, "check_own_files", lambda folder, flag: None)
+            code, _, err = run_cli(capsys, "--model", source, "--out", out)
+        if not checked:
+            assert code == 0 and not (out / "chat_template.jinja").exists(), "dropped silently without the check"
+        else:
+            assert_one_clear_error(code, err, f"--model {source}: {NOWHERE[name][1]}", "remove it or put the file")
+            assert not out.exists()
+
+
+# Runs `refusion publish` (through `refusion_hf.cli.main`) after bind-mounting SRC on DEST, in a private mount
+# namespace of its own (a user namespace too when not root): nothing is mounted on the host. argv: SRC DEST CHECK
+# then publish's arguments; CHECK=0 switches the check off.
+PUBLISH_UNDER_A_BIND_MOUNT = """
+import importlib, subprocess, sys
+source, destination, check, *arguments = sys.argv[1:]
+subprocess.run(["mount", "--bind", source, destination], check=True)
+if check == "0":
+    importlib.import_module("refusion_hf.hub_card.publish").check_own_files = lambda folder, flag: None
+from refusion_hf.cli import main
+sys.exit(main(["publish", *arguments]))
+"""
+
+
+def _publish_under_a_bind_mount(source, destination, checked, *arguments):
+    namespace = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        namespace[1:1] = ["--user", "--map-root-user"]
+    command = [*namespace, sys.executable, "-I", "-c", PUBLISH_UNDER_A_BIND_MOUNT]
+    command += [str(source), str(destination), "1" if checked else "0", *map(str, arguments)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_a_bind_mount_inside_the_folder_is_refused(tmp_path, kind):
+    """A bind mount of an outside file onto `chat_template.jinja`, or of an outside directory onto
+    `additional_chat_templates/`, within the folder's own file system (same device: `os.path.ismount` misses both)
+    publishes the outside content when the check is off; publish refuses it in one line, from the kernel's mount
+    table."""
+    outside = tmp_path / "outside"
+    secret = _secret(outside.mkdir() or outside)
+    for checked in (False, True):
+        source, out = tmp_path / f"model-{checked}", tmp_path / f"out-{checked}"
+        shutil.copytree(FIXTURE, source)
+        (source / "chat_template.jinja").write_text(DEFAULT_TEMPLATE)
+        if kind == "file":
+            mounted, destination, relative = secret, source / "chat_template.jinja", "chat_template.jinja"
+        else:
+            (source / TEMPLATES).mkdir()
+            mounted, destination, relative = secret.parent, source / TEMPLATES, TEMPLATES
+        assert os.stat(mounted).st_dev == os.stat(source).st_dev, "one file system"
+        ran = _publish_under_a_bind_mount(mounted, destination, checked, "--model", source, "--out", out)
+        if not checked:
+            assert ran.returncode == 0, ran.stderr[-2000:]
+            assert _files_holding_the_secret(out), "without the check, the outside secret is published"
+        else:
+            assert_one_clear_error(ran.returncode, ran.stderr, f"--model {source}: {relative} is a mount point")
+            assert not out.exists()

@@ -13,8 +13,14 @@ refused by name, as one `CardInputError`:
   many names of it (same device and inode) as it has links. Otherwise the same content is a file elsewhere, and
   publish cannot tell a hard-link copy of a checkpoint from a hard link to `/etc/shadow`: it is refused, with the fix
   (replace it by a copy of its own);
-* a directory that is a mount point (another file system mounted into the folder, e.g. a bind mount of a host
-  directory), and a directory the walk cannot read;
+* a symbolic link that leads nowhere: a loop (`chat_template.jinja -> chat_template.jinja`, or through other
+  links) or a missing target; the loaders would skip it silently;
+* a mount inside the folder, of a directory or of a single file, of another file system or a bind mount within the
+  folder's own (which has the same device, and which `os.path.ismount` misses): every mount point listed in the
+  kernel's `/proc/self/mountinfo` inside the folder is refused, and every directory the walk meets is compared by
+  device against the folder's own (a file's device is not: on overlayfs, the file system of container images, a
+  file reports its layer's device);
+* a directory the walk cannot read;
 * anything else that is not a regular file or a directory (FIFO, socket, device).
 
 What is checked is the folder before publish reads it: a folder that someone changes while publish runs is not
@@ -23,13 +29,29 @@ guarded against.
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
+import re
 import stat
 from pathlib import Path
 
 from .errors import CardInputError
 
 OWN_FILES_ONLY = "publish copies only the folder's own files"
+MOUNT_INFO = "/proc/self/mountinfo"
+
+
+def mount_points(mount_info: str = MOUNT_INFO) -> list[str]:
+    """Every mount point of this process's mount namespace (field 5 of mountinfo, its octal escapes undone); [] where
+    the kernel has no such file (not Linux): the device comparison alone is left there."""
+    try:
+        with open(mount_info, encoding="utf-8", errors="surrogateescape") as table:
+            lines = table.read().splitlines()
+    except FileNotFoundError:
+        return []
+    unescape = functools.partial(re.sub, r"\\([0-7]{3})", lambda octal: chr(int(octal[1], 8)))
+    return [unescape(line.split(" ")[4]) for line in lines if line.count(" ") >= 5]
 
 
 def check_own_files(folder: Path, flag: str) -> None:
@@ -44,6 +66,14 @@ def check_own_files(folder: Path, flag: str) -> None:
         name = os.path.relpath(error.filename, root) if error.filename else "a subfolder"
         refuse(name, f"cannot be read ({error.strerror}); make it readable or remove it.")
 
+    def mounted(relative: str) -> None:
+        refuse(relative, f"is a mount point (a bind mount or another file system inside the folder); "
+                         f"{OWN_FILES_ONLY}: copy what publish needs into the folder instead.")  # fmt: skip
+
+    inside = sorted(point for point in mount_points() if Path(point) != root and root in Path(point).parents)
+    if inside:
+        mounted(os.path.relpath(inside[0], root))
+    own_device = os.stat(root).st_dev
     hard_linked: dict[tuple[int, int], list[str]] = {}
     for directory, subfolders, files in os.walk(root, onerror=unreadable, followlinks=False):
         for name in sorted(subfolders + files):
@@ -55,10 +85,16 @@ def check_own_files(folder: Path, flag: str) -> None:
                 if target != root and root not in target.parents:
                     refuse(relative, f"is a symbolic link to {target}, outside the folder; {OWN_FILES_ONLY}: replace "
                                      "the link by a copy of what it points to.")  # fmt: skip
-            elif stat.S_ISDIR(status.st_mode):
-                if os.path.ismount(path):
-                    refuse(relative, f"is a mount point (another file system inside the folder); {OWN_FILES_ONLY}: "
-                                     "copy what publish needs into the folder instead.")  # fmt: skip
+                try:
+                    os.path.realpath(path, strict=True)
+                except OSError as error:
+                    what = "a loop of symbolic links" if error.errno == errno.ELOOP else "a link to nothing"
+                    refuse(relative, f"is {what} ({os.readlink(path)}), which publish would skip; remove it or put "
+                                     "the file there.")  # fmt: skip
+                continue
+            if stat.S_ISDIR(status.st_mode):
+                if status.st_dev != own_device or os.path.ismount(path):  # also where mountinfo would not show it
+                    mounted(relative)
             elif stat.S_ISREG(status.st_mode):
                 if status.st_nlink > 1:
                     hard_linked.setdefault((status.st_dev, status.st_ino), []).append(relative)
