@@ -11,8 +11,11 @@ is on the host), where it must touch the canaries: so file permissions alone do 
 fail. tests/evaluation/sandbox_mutants.py checks that these tests catch a weakened sandbox."""
 
 import ctypes
+import dataclasses
 import functools
+import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -482,9 +485,12 @@ ALLOWED_HOST_MOUNTS = {  # (a path of a host file system, the mount point): noth
     **{(f"/{name}", f"/{name}"): "ro" for name in ("usr", "bin", "lib", "lib64", "sbin")},
     **{(f"/{name}", f"/dev/{name}"): "rw" for name in ("null", "zero", "full", "random", "urandom", "tty")},
 }
-OWN_WRITABLE_MOUNTS = {"/work": "size=65536k", "/dev/shm": "size=16384k", "/proc": None, "/dev/pts": None}
-DOCUMENTED_LIMITS = {  # run with timeout 10 s, 1024 MB, 4 processes (+ bwrap's init and the judge)
-    "Max cpu time": "11", "Max file size": str(2**20), "Max core file size": "0", "Max processes": "6",
+OWN_WRITABLE_MOUNTS = {  # the options each must have: a cap in bytes and one in inodes on every writable tmpfs
+    "/work": {"size=65536k", "nr_inodes=8192"}, "/dev/shm": {"size=16384k", "nr_inodes=1024"}, "/proc": set(),
+    "/dev/pts": set(),
+}  # fmt: skip
+DOCUMENTED_LIMITS = {  # run with timeout 10 s, 1024 MB, 4 processes (+ the judge)
+    "Max cpu time": "11", "Max file size": str(2**20), "Max core file size": "0", "Max processes": "5",
     "Max open files": "64", "Max address space": str(256 * 2**20),
 }  # fmt: skip
 
@@ -532,9 +538,9 @@ def test_the_sandboxed_process_seen_from_the_host(monkeypatch):
         if device in host_devices:  # a host file system: only the allowed paths, as allowed
             if ALLOWED_HOST_MOUNTS.get((root, point)) != access and not (point == "/" and kind == "tmpfs"):
                 wrong.append(f"host {root} at {point} ({access})")
-        elif access == "rw":  # the sandbox's own: writable only where documented, at the documented size
-            size = OWN_WRITABLE_MOUNTS.get(point, "missing")
-            if size == "missing" or size is not None and size not in super_options.split(","):
+        elif access == "rw":  # the sandbox's own: writable only where documented, at the documented caps
+            caps = OWN_WRITABLE_MOUNTS.get(point)
+            if caps is None or not caps <= set(super_options.split(",")):
                 wrong.append(f"writable {kind} at {point} ({super_options})")
     assert not wrong, wrong
     assert {point for *_, point, _, _, _, _, _ in seen["mounts"]} >= {"/usr", "/work", "/dev/shm", "/proc"}
@@ -658,8 +664,121 @@ def test_cleanup_cannot_fail_because_of_the_program():
     assert run("pass").passed
 
 
-def test_the_run_folder_is_removed(tmp_path, monkeypatch):
-    """The host side of a run (program, stdout, stderr) is removed with everything in it."""
-    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(tmp_path))
-    assert run("open('x', 'w').write('y')\nprint('z' * 1000)").passed
-    assert list(tmp_path.iterdir()) == []
+def test_the_run_folder_is_removed(monkeypatch):
+    """The host side of a run (program, stdout, stderr, the tmpfs' mount points) is removed with everything in it.
+    (As root, the run's uid passes through the temporary folder: a folder closed to it is refused with the fix.)"""
+    folder = Path(tempfile.mkdtemp(prefix="refusion-run-folders-"))
+    try:
+        folder.chmod(0o755)
+        monkeypatch.setattr(sandbox.tempfile, "tempdir", str(folder))
+        assert run("open('x', 'w').write('y')\nprint('z' * 1000)").passed
+        assert list(folder.iterdir()) == []
+        if ROOT:
+            folder.chmod(0o700)
+            with pytest.raises(SandboxUnavailable, match=f"{folder} is closed to other users: as root, set TMPDIR"):
+                run("pass")
+            assert list(folder.iterdir()) == []
+    finally:
+        shutil.rmtree(folder)
+
+
+# ------------------------------------------------------------------------------- process 1 and the terminal
+REACH_PROCESS_1 = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+seen = {}
+try:
+    with open('/proc/1/mem', 'r+b'):
+        seen['/proc/1/mem'] = 'opened for writing'
+except OSError as error:
+    seen['/proc/1/mem'] = errno.errorcode[error.errno]
+pidfd, eventfds = os.pidfd_open(1), []
+for fd in range(64):
+    ctypes.set_errno(0)
+    copy = libc.syscall(ctypes.c_long(438), ctypes.c_long(pidfd), ctypes.c_long(fd), ctypes.c_long(0))  # pidfd_getfd
+    if copy < 0:
+        if ctypes.get_errno() != errno.EBADF:  # a descriptor process 1 does not have
+            seen.setdefault('pidfd_getfd', errno.errorcode[ctypes.get_errno()])
+    elif 'eventfd' in os.readlink(f'/proc/self/fd/{copy}'):
+        eventfds.append(copy)
+        seen['eventfd'] = 'written'
+print(json.dumps(seen), flush=True)  # first: the run may end at once
+for copy in eventfds:
+    os.write(copy, (42).to_bytes(8, 'little'))  # bwrap's init adds exit status + 1; the host sees the sum - 1
+"""
+
+
+def test_the_program_cannot_reach_process_1(monkeypatch):
+    """A right answer that also attacks process 1 of its PID namespace. In a sandbox without `--as-pid-1` (and with
+    `pidfd_getfd` allowed), process 1 is bwrap's init, of the program's uid and dumpable: the program opens its
+    memory for writing and writes 42 to its exit-status eventfd, and the host sees exit status 41 or 42 (the run fails;
+    another value could mask a judge killed by a signal). Here process 1 is the judge, non-dumpable: both are
+    refused and the host sees the judge's own exit status (the run passes)."""
+    program = "def add(a, b):\n    return a + b\n" + REACH_PROCESS_1
+    real, command = sandbox._sandbox(), sandbox._Sandbox.command
+    monkeypatch.setattr(sandbox, "DENIED_SYSCALLS", tuple(n for n in sandbox.DENIED_SYSCALLS if n != "pidfd_getfd"))
+    weakened = dataclasses.replace(real, seccomp_filter=sandbox._seccomp_filter(real.python))
+    monkeypatch.setattr(sandbox, "_sandbox", lambda: weakened)
+    monkeypatch.setattr(sandbox._Sandbox, "command", lambda *a, **k: [w for w in command(*a, **k) if w != "--as-pid-1"])
+    weak = run(program, tests="assert add(2, 3) == 5")
+    assert json.loads(weak.stdout) == {"/proc/1/mem": "opened for writing", "eventfd": "written"}, weak
+    assert not weak.passed and re.search(r"exit status 4[12]\b", weak.detail), weak  # before or after the record
+    monkeypatch.undo()
+    result = run(program, tests="assert add(2, 3) == 5")
+    assert json.loads(result.stdout) == {"/proc/1/mem": "EACCES", "pidfd_getfd": "EPERM"}, result
+    assert result.passed, result
+
+
+TERMINAL_CALLER = (
+    """
+import fcntl, subprocess, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # stdin is the test's pty: it becomes this session's controlling terminal
+if sys.argv[1] == "unsandboxed":
+    subprocess.run([sys.executable, "-c", sys.argv[2]], stdin=subprocess.DEVNULL)
+else:
+"""
+    + textwrap.indent(SANDBOX_BY_PATH, "    ")
+    + """
+    sandbox.run_program(sys.argv[2], timeout=30, allow_code_execution=True)
+"""
+)
+
+
+def session_and_terminal(pid) -> tuple[int, int]:
+    """(session id, tty_nr) of a process, read from the host's /proc/<pid>/stat."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[3]), int(fields[4])
+
+
+def test_the_program_has_no_controlling_terminal():
+    """Seen from the host: a caller whose session has a controlling terminal (a pty of the test's) runs a program
+    that starts a child. Unsandboxed, the child has that terminal (it could inject input with TIOCSTI); sandboxed,
+    it has none and is in a session other than the caller's (bwrap's --new-session)."""
+    caller_source = TERMINAL_CALLER.format(path=sandbox.__file__)
+    controller, terminal = os.openpty()
+    try:
+        for name in ("unsandboxed", "sandboxed"):
+            marker = f"refusion-terminal-{uuid.uuid4().hex}"
+            caller = subprocess.Popen(
+                [sys.executable, "-I", "-c", caller_source, name, spawn_marked_child(marker, seconds=30)],
+                stdin=terminal, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, cwd="/",
+            )  # fmt: skip
+            try:
+                pid = find_process(marker, time.monotonic() + 30)
+                assert pid is not None, f"{name}: the program never started ({caller.stderr.read1().decode()})"
+                caller_session, caller_terminal = session_and_terminal(caller.pid)
+                session, terminal_number = session_and_terminal(pid)
+                os.kill(pid, signal.SIGKILL)
+            finally:
+                caller.kill()
+                caller.wait()
+                caller.stderr.close()
+            assert caller_terminal == os.fstat(terminal).st_rdev != 0, "the caller has the pty as its terminal"
+            if name == "unsandboxed":
+                assert (session, terminal_number) == (caller_session, caller_terminal), name
+            else:
+                assert terminal_number == 0 and session != caller_session, (session, terminal_number)
+    finally:
+        os.close(controller)
+        os.close(terminal)

@@ -22,8 +22,12 @@ tests/evaluation/sandbox_mutants.py checks that each weakening of this module fa
 * **Nothing of the host.** New mount, user, PID, network, IPC, UTS and cgroup namespaces. The file system is
   `/usr` (read-only: the Python runtime and its standard library), a fresh `/proc` of its own PID namespace, a
   minimal read-only `/dev` (null, zero, full, random, urandom, tty and a private pts; no device of the host), the
-  program (read-only) and two empty size-capped tmpfs: the working directory `/work` (`WORK_DIR_BYTES`, 64 MiB)
-  and `/dev/shm` (`SHM_BYTES`, 16 MiB, for multiprocessing's semaphores). `/` itself is read-only. No home, no
+  program (read-only) and two empty tmpfs capped in bytes and in inodes (each file, directory or link holds about
+  1.5 KiB of kernel memory that the byte cap does not count): the working directory `/work` (`WORK_DIR_BYTES`,
+  64 MiB; `WORK_DIR_INODES`, 8192) and `/dev/shm` (`SHM_BYTES`, 16 MiB, for multiprocessing's semaphores;
+  `SHM_INODES`, 1024). bwrap's `--tmpfs` caps bytes only, so these two are mounted before bwrap starts, with
+  `nr_inodes`, in a user and mount namespace of the run's own (util-linux `unshare`; the mounter is
+  `_TMPFS_MOUNTER`, which then becomes bwrap), and bound by bwrap. `/` itself is read-only. No home, no
   repository, no `/etc`, no `/tmp`, no host sockets (at a path or abstract), FIFOs, SysV IPC objects or processes,
   no network interface but its own loopback.
 * **No kernel attack surface beyond plain processes, files and sockets.** User namespaces are disabled inside
@@ -41,7 +45,13 @@ tests/evaluation/sandbox_mutants.py checks that each weakening of this module fa
   interfaces through it). An `int` argument is compared on its low 32 bits, as the kernel reads it, so a value with
   its high bits set cannot slip past a rule. Other architectures' system-call numbers (i386, x32) kill the process
   (libseccomp's default for a foreign architecture).
-* **Killed as a whole.** The program is a child of bwrap's init in its own PID namespace: when the run ends
+* **No session, no terminal, no init to reach.** bwrap's `--new-session` puts the program in a session of its own:
+  it has no controlling terminal, even when the caller has one (no TIOCSTI input injection; bwrap itself starts in
+  a process group of its own). bwrap runs the judge as the PID namespace's process 1 (`--as-pid-1`): there is no
+  bwrap init inside, which is dumpable and of the program's uid, whose `/proc/1/mem` the program could write and
+  whose exit-status eventfd it could take with `pidfd_getfd`; the judge is non-dumpable, and `pidfd_getfd` is
+  refused by the filter besides.
+* **Killed as a whole.** The program is a child of the judge, process 1 of its own PID namespace: when the run ends
   (exit, time-out, or the caller's death: `--die-with-parent`) the namespace goes and every process in it.
 * **Limits** (`prlimit`, applied inside the sandbox, after its user namespace exists): wall time (killed), CPU
   seconds, processes, address space, file size (so stdout, stderr and every file it writes), open files
@@ -50,7 +60,8 @@ tests/evaluation/sandbox_mutants.py checks that each weakening of this module fa
   runs go on at once. Each task gets `memory_limit_mb / max_processes` of address space, so everything the run
   forks holds at most `memory_limit_mb` of memory together; with the two tmpfs caps, a run holds at most
   `memory_limit_mb` + `WORK_DIR_BYTES` + `SHM_BYTES` of host memory, plus what the kernel keeps for it that no
-  rlimit counts: page tables, bubblewrap's own two small processes, and the buffers of its at most
+  rlimit counts: the inodes of its two tmpfs (at most `WORK_DIR_INODES` + `SHM_INODES`, about 14 MiB), page
+  tables, bubblewrap's own small process, and the buffers of its at most
   `OPEN_FILES_LIMIT` pipes and sockets per process at the kernel's default sizes, which it cannot grow (measured,
   30 full pipes hold 2 MiB, 30 full unix socket pairs 6 MiB). Not bounded further: TCP over the run's own loopback,
   whose buffers the kernel autotunes without `setsockopt` (measured, 3.7 MiB queued on one unread connection, so
@@ -109,6 +120,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -126,7 +138,9 @@ MIN_MEMORY_PER_PROCESS_MB = 48  # the interpreter alone maps ~15 MB, a thread's 
 OUTPUT_LIMIT_BYTES = 1024 * 1024  # per file the program writes, stdout and stderr included
 OPEN_FILES_LIMIT = 64  # per process
 WORK_DIR_BYTES = 64 * 1024 * 1024  # the tmpfs /work
+WORK_DIR_INODES = 8192  # files, directories and links in /work (its root included)
 SHM_BYTES = 16 * 1024 * 1024  # the tmpfs /dev/shm
+SHM_INODES = 1024
 SANDBOX_UID_BASE = 61000  # host uids for sandbox runs when the caller is root: SANDBOX_UID_BASE .. + 999
 SANDBOX_INNER_UID = 65534  # the program's uid inside its user namespace ("nobody")
 
@@ -134,7 +148,7 @@ SANDBOX_INNER_UID = 65534  # the program's uid inside its user namespace ("nobod
 DENIED_SYSCALLS = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",  # asynchronous I/O the filter would not see
     "keyctl", "add_key", "request_key",  # kernel keyrings
-    "ptrace", "process_vm_readv", "process_vm_writev",  # other processes' memory
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",  # other processes' memory and descriptors
     "bpf", "perf_event_open", "userfaultfd",
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",  # namespaces and mounts
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",  # the new mount API
@@ -209,6 +223,21 @@ for call in ("socket", "socketpair"):
 rules.export_bpf(sys.stdout)
 """
 
+# Run by the sandbox's Python, as root of a user namespace of the run's own (util-linux `unshare --map-root-user`, an
+# unprivileged uid on the host) in a mount namespace of its own: mounts each tmpfs capped in bytes and inodes on its
+# (empty) host folder, which bwrap then binds, and becomes bwrap. Nothing is mounted on the host; the mounts go with
+# the run. Arguments: JSON [[folder, bytes, inodes], ...], then bwrap's command line.
+_TMPFS_MOUNTER = """\
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+MS_NOSUID, MS_NODEV = 2, 4
+for folder, size, inodes in json.loads(sys.argv[1]):
+    options = f"size={size},nr_inodes={inodes},mode=0755".encode()
+    if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+        sys.exit(f"mounting a tmpfs on {folder} failed: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
 # The verdict's two processes (the judge, trusted, and the candidate): verdict_runner.py, run as a script inside.
 _RUNNER_SOURCE = Path(__file__).with_name("verdict_runner.py")
 _RUNNER_PATH, _PROGRAM_PATH = "/sandbox/verdict_runner.py", "/sandbox/program.py"
@@ -251,6 +280,7 @@ _RUN_UIDS_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class _Sandbox:
     bwrap: str
+    unshare: str  # util-linux: the user and mount namespace in which the capped tmpfs are mounted
     prlimit: str  # under /usr: it runs inside the sandbox
     python: str  # the interpreter inside the sandbox (under /usr)
     version: str  # bwrap --version
@@ -268,8 +298,11 @@ class _Sandbox:
         memory_bytes: int,
         cpu_seconds: int,
         processes: int,
+        work_dir: str,
+        shm_dir: str,
     ) -> list[str]:
-        """The command line; the fds are open files passed to the child (the tests' is read by the judge alone)."""
+        """The command line; the fds are open files passed to the child (the tests' is read by the judge alone);
+        `work_dir` and `shm_dir` are empty host folders, where /work's and /dev/shm's tmpfs are mounted."""
         layout = ["--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):  # merged-/usr symlinks, or read-only copies of the real dirs
             path = Path("/") / name
@@ -287,13 +320,17 @@ class _Sandbox:
             f"--nofile={OPEN_FILES_LIMIT}",
             "--core=0",
         ]
+        tmpfs = [[work_dir, WORK_DIR_BYTES, WORK_DIR_INODES], [shm_dir, SHM_BYTES, SHM_INODES]]
         return [
+            self.unshare, "--user", "--map-root-user", "--mount", "--propagation", "private",
+            self.python, "-I", "-S", "-B", "-c", _TMPFS_MOUNTER, json.dumps(tmpfs),
             self.bwrap,
             "--unshare-all",  # user, mount, pid, net, ipc, uts, cgroup
             "--unshare-user",  # required (not just tried) by --disable-userns
             "--disable-userns",
             "--die-with-parent",
             "--new-session",
+            "--as-pid-1",
             "--uid", str(SANDBOX_INNER_UID),
             "--gid", str(SANDBOX_INNER_UID),
             "--hostname", "sandbox",
@@ -301,11 +338,9 @@ class _Sandbox:
             *layout,
             "--proc", "/proc",
             "--dev", "/dev",
-            "--size", str(SHM_BYTES),
-            "--tmpfs", "/dev/shm",
+            "--bind", shm_dir, "/dev/shm",
             "--remount-ro", "/dev",
-            "--size", str(WORK_DIR_BYTES),
-            "--tmpfs", "/work",
+            "--bind", work_dir, "/work",
             *sources,
             "--remount-ro", "/",
             "--seccomp", str(seccomp_fd),
@@ -349,6 +384,20 @@ def _execute(
     with tempfile.TemporaryDirectory(prefix="refusion-sandbox-") as folder:
         base = Path(folder)  # private: bwrap gets every input as an open file
         evidence_path, stdout_path, stderr_path = base / "evidence", base / "stdout", base / "stderr"
+        mount_points = base / "work", base / "shm"  # where the run's own namespace mounts its two tmpfs
+        for point in mount_points:
+            point.mkdir(mode=0o700)
+            if run_as:  # the run's uid mounts there: it may pass through the folder (no listing), into these two
+                os.chown(point, run_as["user"], run_as["group"])
+        if run_as:
+            base.chmod(0o711)
+            closed = [str(up) for up in base.parents if not os.stat(up).st_mode & stat.S_IXOTH]
+            if closed:
+                raise SandboxUnavailable(
+                    f"the sandbox's tmpfs are mounted by the run's unprivileged uid in the temporary folder {base}, "
+                    f"and {closed[0]} is closed to other users: as root, set TMPDIR to a folder every user may pass "
+                    "through (like /tmp)."
+                )
         opened: list[int] = []
 
         def open_file(name: str, content: bytes) -> int:
@@ -377,6 +426,8 @@ def _execute(
                 memory_bytes=memory_bytes,
                 cpu_seconds=int(timeout) + 1,
                 processes=processes,
+                work_dir=str(mount_points[0]),
+                shm_dir=str(mount_points[1]),
             )
             start = time.perf_counter()
             timed_out = False
@@ -389,7 +440,8 @@ def _execute(
                     cwd="/",
                     env={"PATH": "/usr/bin:/bin"},
                     pass_fds=opened,
-                    start_new_session=True,
+                    process_group=0,  # its own group, to kill on a time-out; bwrap's --new-session detaches
+                    # the program from the caller's terminal
                     **run_as,
                 )
         finally:
@@ -473,9 +525,14 @@ def _sandbox() -> _Sandbox:
     """Find bubblewrap and check, once, that it builds the boundary here (else `SandboxUnavailable`)."""
     _check_kernel(platform.release())
     bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit", path="/usr/bin:/usr/sbin")
+    unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin")
     if bwrap is None:
         raise SandboxUnavailable(
             f"code execution needs the bubblewrap sandbox, and `bwrap` is not on PATH: {INSTALL_HINT}."
+        )
+    if unshare is None:
+        raise SandboxUnavailable(
+            "code execution needs `unshare` (util-linux) to mount the sandbox's capped tmpfs: install util-linux."
         )
     if prlimit is None:
         raise SandboxUnavailable(
@@ -488,7 +545,7 @@ def _sandbox() -> _Sandbox:
             "install python3."
         )
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
-    sandbox = _Sandbox(bwrap, prlimit, python, version, _seccomp_filter(python))
+    sandbox = _Sandbox(bwrap, unshare, prlimit, python, version, _seccomp_filter(python))
     try:
         outcome = _execute(sandbox, _PROBE, None, timeout=60, memory_bytes=512 * 2**20, processes=64)
     except OSError as error:
@@ -514,7 +571,9 @@ def isolation_report() -> dict:
         "uid_inside": SANDBOX_INNER_UID,
         "capabilities": "none",
         "filesystem": "read-only /usr, /, /dev and program, own /proc, tmpfs /work "
-        f"({WORK_DIR_BYTES // 2**20} MiB) and /dev/shm ({SHM_BYTES // 2**20} MiB)",
+        f"({WORK_DIR_BYTES // 2**20} MiB, {WORK_DIR_INODES} inodes) and /dev/shm ({SHM_BYTES // 2**20} MiB, "
+        f"{SHM_INODES} inodes)",
+        "session": "own session, no controlling terminal; the judge is process 1 (no bwrap init inside)",
         "python": sandbox.python,
         "limits": "wall time, CPU, processes per run, memory per run (address space split among its processes), "
         f"{OUTPUT_LIMIT_BYTES // 1024} KiB per written file, {OPEN_FILES_LIMIT} open files",
@@ -562,7 +621,7 @@ def run_program(
         tests,
         timeout=timeout,
         memory_bytes=memory_limit_mb * 2**20 // max_processes,
-        processes=max_processes + 2,  # + bwrap's init and the judge, the same uid in the same user namespace
+        processes=max_processes + 1,  # + the judge (process 1), the same uid in the same user namespace
     )
     output = {"stdout": outcome.stdout, "stderr": outcome.stderr}
     if outcome.timed_out:
