@@ -2,22 +2,33 @@
 its isolation (or its verdict) in one place, run against the sandbox tests; every mutant must fail at least one test,
 and a survivor is a missing test.
 
-    PYTHONPATH=$PWD/src .venv/bin/python tests/evaluation/sandbox_mutants.py [--only NAME-SUBSTRING ...] [--json PATH]
+    PYTHONPATH=$PWD/src nice -n 10 .venv/bin/python tests/evaluation/sandbox_mutants.py \
+        --json tests/evaluation/sandbox_mutants.json [--only NAME-SUBSTRING ...]
 
 For each mutant the script writes the mutated module to a temporary folder and, in a child forked from one process
 that has already imported pytest, torch and transformers (so a mutant costs its tests, not the imports), loads it as
-`refusion_hf.evaluation.sandbox` and runs TEST_FILES with `pytest -x` (the first failure kills the mutant). It prints
-one line per mutant (killed by which test, or SURVIVED) and the score; run as root (as `make test` does here) so
-that the tests needing root run too. `tests/evaluation/test_sandbox_mutants.py` checks, in a fraction of a second,
-that every mutant still applies to the current source. Mutants listed in EQUIVALENT change nothing a program can
-observe here, with the reason; they are run and reported but not counted.
+`refusion_hf.evaluation.sandbox` and runs TEST_FILES. A mutant counts as killed only when a test's assertion fails
+(an `assert`, or `pytest.fail`): the run stops there and the record names the test and the assertion. A test that
+raises anything else, a setup, teardown or collection error, a run over MUTANT_TIMEOUT are reported apart ("errors
+only", "timed out") and are not kills: they do not show that a test catches the weakening. `--json` writes the
+record (command, commit, whether the tree was clean, machine, uid and date first; then the score and one entry per
+mutant); the committed one is JSON_NAME. Run it as root (the tests whose unsandboxed half needs root run then) and,
+for the normal-user score, as a normal user. `tests/evaluation/test_sandbox_mutants.py` checks, in a fraction of a
+second, that every mutant still applies to the current source. Mutants listed in EQUIVALENT change nothing a program
+can observe here, with the reason; they are run and reported but not counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import datetime
 import json
 import os
+import platform
+import re
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +42,8 @@ TEST_FILES = [  # the cheap kernel probe first: it kills the system-call mutants
     "tests/evaluation/test_sandbox.py",
     "tests/evaluation/test_verdict.py",
 ]
-MUTANT_TIMEOUT = 300  # seconds; a suite still running then counts as killed (it hung)
+MUTANT_TIMEOUT = 300  # seconds; a suite still running then is reported as timed out (not a kill)
+JSON_NAME = "tests/evaluation/sandbox_mutants.json"  # the committed record of the last full run
 UNSHARE_ALL = '"--unshare-all",  # user, mount, pid, net, ipc, uts, cgroup'
 DENIED_REGION = ("DENIED_SYSCALLS = (", ")  # fmt: skip")
 
@@ -89,6 +101,7 @@ def mutants(source: str | None = None) -> list[Mutant]:
         _drop("nested user namespaces allowed (no --disable-userns)", '"--disable-userns",'),
         _drop("no --die-with-parent", '"--die-with-parent",'),
         _drop("no --new-session", '"--new-session",'),
+        _drop("no --as-pid-1 (bwrap's init is process 1)", '"--as-pid-1",'),
         _drop("no --cap-drop ALL", '"--cap-drop", "ALL",'),
         _replace("root inside the user namespace", "SANDBOX_INNER_UID = 65534", "SANDBOX_INNER_UID = 0"),
         _replace("no uid switch (bwrap runs as the caller, root)", "    if os.geteuid() != 0:\n        return {}",
@@ -112,11 +125,20 @@ def mutants(source: str | None = None) -> list[Mutant]:
                  '"--bind-data", str(program_fd), _PROGRAM_PATH'),  # fmt: skip
         _drop("/ writable (an uncapped tmpfs)", '"--remount-ro", "/",'),
         _drop("/dev writable (an uncapped tmpfs)", '"--remount-ro", "/dev",'),
-        _replace("/work 4x larger", '"--size", str(WORK_DIR_BYTES),', '"--size", str(4 * WORK_DIR_BYTES),'),
-        _replace("/dev/shm 4x larger", '"--size", str(SHM_BYTES),', '"--size", str(4 * SHM_BYTES),'),
+        _replace("/work 4x larger", "[work_dir, WORK_DIR_BYTES,", "[work_dir, 4 * WORK_DIR_BYTES,"),
+        _replace("/dev/shm 4x larger", "[shm_dir, SHM_BYTES,", "[shm_dir, 4 * SHM_BYTES,"),
         _replace("WORK_DIR_BYTES 4x larger", "WORK_DIR_BYTES = 64 * 1024 * 1024", "WORK_DIR_BYTES = 256 * 1024 * 1024"),
         _replace("SHM_BYTES 4x larger", "SHM_BYTES = 16 * 1024 * 1024", "SHM_BYTES = 64 * 1024 * 1024"),
-        _drop("/work without a size", '"--size", str(WORK_DIR_BYTES),'),
+        _replace("/work 4x the inodes", "WORK_DIR_INODES], [", "4 * WORK_DIR_INODES], ["),
+        _replace("/dev/shm 4x the inodes", "SHM_INODES]]", "4 * SHM_INODES]]"),
+        _replace("WORK_DIR_INODES 4x", "WORK_DIR_INODES = 8192", "WORK_DIR_INODES = 32768"),
+        _replace("SHM_INODES 4x", "SHM_INODES = 1024", "SHM_INODES = 4096"),
+        _replace("tmpfs without an inode cap", "size={size},nr_inodes={inodes},mode=0755", "size={size},mode=0755"),
+        _replace("bwrap's own tmpfs /work (no inode cap)", '"--bind", work_dir, "/work",',
+                 '"--size", str(WORK_DIR_BYTES), "--tmpfs", "/work",'),
+        _replace("bwrap's own tmpfs /dev/shm (no inode cap)", '"--bind", shm_dir, "/dev/shm",',
+                 '"--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",'),
+        _replace("/work without a size", "[work_dir, WORK_DIR_BYTES,", "[work_dir, 2**40,"),
         # the seccomp filter
         _drop("no seccomp filter", '"--seccomp", str(seccomp_fd),'),
         *[
@@ -165,16 +187,19 @@ def mutants(source: str | None = None) -> list[Mutant]:
 
 
 EQUIVALENT = {  # mutant name: why no program can tell the difference here
-    "no --new-session": "bwrap is already started in a session of its own (start_new_session=True) with stdin, "
-    "stdout and stderr on files: the program has no controlling terminal to inject input into (TIOCSTI)",
     "environment not cleared": "bwrap is started with an environment of PATH alone, which --setenv sets anyway",
     "no --cap-drop ALL": "bwrap drops every capability, the bounding set included, when the uid inside is not 0: "
     "test_the_sandboxed_process_seen_from_the_host reads all five sets at 0 from the host without the flag too",
 }
 
 
-def run_mutant(mutant: Mutant, folder: Path, log: Path) -> tuple[str, float]:
-    """Fork; in the child load the mutated module and run the tests; return (what killed it or "SURVIVED", s)."""
+KILLED, ERRORS, TIMED_OUT, SURVIVED = "killed", "errors only", "timed out", "survived"
+
+
+def run_mutant(mutant: Mutant, folder: Path, log: Path) -> dict:
+    """Fork; in the child load the mutated module and run the tests. Returns {"outcome": KILLED (a test's assertion
+    failed: `by` names it), ERRORS (no assertion failed, but a test raised something else, or setup, teardown or
+    collection failed: `errors` lists the first few), TIMED_OUT (over MUTANT_TIMEOUT s) or SURVIVED, "seconds"}."""
     for sibling in SOURCE.parent.glob("*.py"):  # files sandbox.py reads next to itself (verdict_runner.py)
         if sibling != SOURCE:
             (folder / sibling.name).write_bytes(sibling.read_bytes())
@@ -182,7 +207,7 @@ def run_mutant(mutant: Mutant, folder: Path, log: Path) -> tuple[str, float]:
     mutated = folder / "sandbox.py"
     mutated.write_text(mutant.apply(SOURCE.read_text()))
     mutated.chmod(0o644)
-    report = folder / "first_failure"
+    report = folder / "report.json"
     report.unlink(missing_ok=True)
     start = time.monotonic()
     pid = os.fork()
@@ -203,15 +228,13 @@ def run_mutant(mutant: Mutant, folder: Path, log: Path) -> tuple[str, float]:
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            return f"killed: the tests hung (> {MUTANT_TIMEOUT} s)", time.monotonic() - start
+            return {"outcome": TIMED_OUT, "seconds": round(time.monotonic() - start, 1)}
         time.sleep(0.2)
-    seconds = time.monotonic() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code == 0:
-        return "SURVIVED", seconds
-    if report.exists():
-        return f"killed by {report.read_text()}", seconds
-    return f"killed: pytest exit {code} (see {log})", seconds
+    seconds = round(time.monotonic() - start, 1)
+    if not report.exists():
+        code = os.waitstatus_to_exitcode(status)
+        return {"outcome": ERRORS, "errors": [f"the harness's child ended with {code} (see {log})"], "seconds": seconds}
+    return {**json.loads(report.read_text()), "seconds": seconds}
 
 
 def _child(mutated: Path, report: Path) -> int:
@@ -226,23 +249,72 @@ def _child(mutated: Path, report: Path) -> int:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     evaluation.sandbox = module
+    found = {"by": None, "errors": []}
 
-    class FirstFailure:  # a pytest plugin: names the test that failed first
-        def pytest_runtest_logreport(self, report):
-            if report.failed and not destination.exists():
-                reasons = [line[1:].strip() for line in report.longreprtext.splitlines() if line.startswith("E ")]
-                destination.write_text(f"{report.nodeid}: {(reasons or [''])[0][:160]}")
+    class Classify:  # a pytest plugin: the first assertion that fails ends the run; anything else is an error
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            outcome = yield
+            if call.excinfo is None or call.excinfo.errisinstance(pytest.skip.Exception):
+                return
+            said = " ".join(outcome.get_result().longreprtext.split("\n")[-1:])[:160] or call.excinfo.typename
+            assertion = call.excinfo.errisinstance((AssertionError, pytest.fail.Exception))
+            if call.when == "call" and assertion and found["by"] is None:
+                found["by"] = f"{item.nodeid}: {call.excinfo.exconly().splitlines()[0][:160]}"
+                item.session.shouldstop = "an assertion failed: the mutant is killed"
+            elif not assertion or call.when != "call":
+                found["errors"].append(f"{item.nodeid} ({call.when}): {call.excinfo.typename}: {said}")
 
-    destination = report
-    return int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *TEST_FILES],
-                           plugins=[FirstFailure()]))  # fmt: skip
+        def pytest_collectreport(self, report):
+            if report.failed:
+                found["errors"].append(f"collecting {report.nodeid}: {report.longreprtext.splitlines()[-1][:160]}")
+
+    code = int(pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *TEST_FILES],
+                           plugins=[Classify()]))  # fmt: skip
+    if found["by"] is not None:
+        result = {"outcome": KILLED, "by": found["by"]}
+    elif found["errors"] or code not in (0, 5):
+        result = {"outcome": ERRORS, "errors": found["errors"][:5] or [f"pytest exit {code}"]}
+    else:
+        result = {"outcome": SURVIVED}
+    report.write_text(json.dumps(result))
+    return 0
+
+
+def provenance(argv: list[str]) -> dict:
+    """Where the score comes from: command, commit and whether the tree was clean, machine, user, date."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    flags = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    model = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    return {
+        "command": shlex.join(["python", str(Path(argv[0]).resolve().relative_to(ROOT)), *argv[1:]]),
+        "commit": git("rev-parse", "HEAD"),
+        "tree_clean": not [line for line in git("status", "--porcelain").splitlines() if JSON_NAME not in line],
+        "machine": {
+            "cpu": model[1].strip() if model else platform.processor(),
+            "cpu_vector_flags": sorted(
+                f for f in (flags[1].split() if flags else []) if re.match(r"avx2$|avx512|amx", f)
+            ),
+            "cpu_count": os.cpu_count(),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            "os": platform.platform(),
+            "python": platform.python_version(),
+            "bwrap": subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip(),
+        },
+        "uid": os.geteuid(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", help="run the mutants whose name contains this (repeatable)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--json", type=Path, help=f"write the record here (the committed one: {JSON_NAME})")
     args = parser.parse_args(argv)
+    command = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     if "refusion_hf.evaluation.sandbox" in sys.modules:
@@ -254,29 +326,41 @@ def main(argv=None) -> int:
     import refusion_hf  # noqa: F401
     import tests.conftest  # noqa: F401
 
+    record = {"provenance": provenance(command)}
     selected = [m for m in mutants() if args.only is None or any(part in m.name for part in args.only)]
     results = []
     with tempfile.TemporaryDirectory(prefix="refusion-mutants-") as folder:
         os.chmod(folder, 0o755)  # a test loads the mutated module as another (unprivileged) user
         logs = Path(tempfile.mkdtemp(prefix="refusion-mutant-logs-"))
-        baseline, _ = run_mutant(Mutant("unmutated", ()), Path(folder), logs / "unmutated.log")
-        if baseline != "SURVIVED":  # the harness itself is broken: every mutant would look killed
+        baseline = run_mutant(Mutant("unmutated", ()), Path(folder), logs / "unmutated.log")
+        if baseline["outcome"] != SURVIVED:  # the harness itself is broken: every mutant would look killed
             raise SystemExit(f"the unmutated sandbox fails its tests in this harness: {baseline}")
         for index, mutant in enumerate(selected):
-            outcome, seconds = run_mutant(mutant, Path(folder), logs / f"{index:03d}.log")
-            equivalent = EQUIVALENT.get(mutant.name)
-            results.append({"mutant": mutant.name, "outcome": outcome, "seconds": round(seconds, 1),
-                            "equivalent": equivalent})  # fmt: skip
-            note = f" (equivalent: {equivalent})" if equivalent and outcome == "SURVIVED" else ""
-            print(f"{mutant.name:55s} {outcome}{note}  [{seconds:.0f} s]", flush=True)
+            result = {"mutant": mutant.name, **run_mutant(mutant, Path(folder), logs / f"{index:03d}.log")}
+            result["equivalent"] = EQUIVALENT.get(mutant.name)
+            results.append(result)
+            said = result.get("by") or "; ".join(result.get("errors", []))[:200]
+            print(f"{mutant.name:55s} {result['outcome']}: {said}  [{result['seconds']:.0f} s]", flush=True)
     counted = [r for r in results if not r["equivalent"]]
-    killed = sum(r["outcome"] != "SURVIVED" for r in counted)
-    survivors = [r["mutant"] for r in counted if r["outcome"] == "SURVIVED"]
-    print(f"\nmutation score: {killed} / {len(counted)} killed ({len(results) - len(counted)} equivalent mutants "
-          f"not counted); survivors: {survivors or 'none'}; logs in {logs}")  # fmt: skip
+    tally = {
+        kind: [r["mutant"] for r in counted if r["outcome"] == kind] for kind in (KILLED, ERRORS, TIMED_OUT, SURVIVED)
+    }
+    score = {
+        "killed": len(tally[KILLED]),
+        "counted": len(counted),
+        "errors_only": tally[ERRORS],
+        "timed_out": tally[TIMED_OUT],
+        "survived": tally[SURVIVED],
+        "equivalent_not_counted": [r["mutant"] for r in results if r["equivalent"]],
+        "killed_by_file": dict(collections.Counter(r["by"].split("::")[0] for r in counted if r["outcome"] == KILLED)),
+    }
+    print(f"\nmutation score: {score['killed']} / {score['counted']} killed by an assertion; errors only: "
+          f"{tally[ERRORS] or 'none'}; timed out: {tally[TIMED_OUT] or 'none'}; survived: {tally[SURVIVED] or 'none'}; "
+          f"{len(results) - len(counted)} equivalent not counted; logs in {logs}")  # fmt: skip
     if args.json is not None:
-        args.json.write_text(json.dumps({"killed": killed, "counted": len(counted), "results": results}, indent=1))
-    return 1 if survivors else 0
+        record.update(score=score, results=results)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+    return 0 if score["killed"] == score["counted"] else 1
 
 
 if __name__ == "__main__":

@@ -388,23 +388,39 @@ def test_no_host_ipc_or_processes(canaries):
     escape(canaries, READ_HOST_PROCESSES, ["the secret came back"])
 
 
-@needs_root
+PRIVILEGED = """
+import os
+caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)
+if os.getuid() == 0 or caps:
+    print('ESCAPED')
+"""
+
+
 def test_unprivileged_without_capabilities():
-    attack(
-        """
-        import os
-        caps = int(open('/proc/self/status').read().split('CapEff:')[1].split()[0], 16)
-        if os.getuid() == 0 or caps:
-            print('ESCAPED')
-        """,
-        as_root=True,
-    )
+    """Inside, uid 65534 without capabilities, and setuid(0) fails (for any caller; as root the attack is first
+    shown to work unsandboxed: test_a_root_caller_is_unprivileged_inside)."""
+    assert ESCAPED not in run(PRIVILEGED).stdout
     assert run("import os\nassert os.getuid() == 65534 and os.geteuid() == 65534").passed
     assert run("import os\ntry:\n    os.setuid(0)\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(1)").passed
 
 
 @needs_root
+def test_a_root_caller_is_unprivileged_inside():
+    attack(PRIVILEGED, as_root=True)
+
+
 def test_read_only_runtime_and_writable_work_dir():
+    """Inside, /usr cannot be written and /work can (for any caller: the write to /usr is first shown to work
+    unsandboxed as root in test_usr_is_read_only_for_a_root_caller)."""
+    target = f"/usr/local/refusion-sandbox-probe-{uuid.uuid4().hex}"
+    result = run(f"open({target!r}, 'w').write('x')")
+    assert not result.passed and "OSError: [Errno 30] Read-only file system" in result.detail, result
+    assert not os.path.exists(target)
+    assert run("open('out.txt', 'w').write('ok')\nassert open('/work/out.txt').read() == 'ok'").passed
+
+
+@needs_root
+def test_usr_is_read_only_for_a_root_caller():
     target = f"/usr/local/refusion-sandbox-probe-{uuid.uuid4().hex}"
     try:
         attack(f"open({target!r}, 'w').write('x')\nprint('ESCAPED')", as_root=True)
@@ -412,7 +428,6 @@ def test_read_only_runtime_and_writable_work_dir():
     finally:
         os.remove(target)
     assert not os.path.exists(target)
-    assert run("open('out.txt', 'w').write('ok')\nassert open('/work/out.txt').read() == 'ok'").passed
 
 
 def test_minimal_dev():
