@@ -188,8 +188,6 @@ def mutants(source: str | None = None) -> list[Mutant]:
 
 EQUIVALENT = {  # mutant name: why no program can tell the difference here
     "environment not cleared": "bwrap is started with an environment of PATH alone, which --setenv sets anyway",
-    "no --cap-drop ALL": "bwrap drops every capability, the bounding set included, when the uid inside is not 0: "
-    "test_the_sandboxed_process_seen_from_the_host reads all five sets at 0 from the host without the flag too",
 }
 
 

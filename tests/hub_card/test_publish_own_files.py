@@ -9,6 +9,7 @@ file; a full disk leaves no half-written folder."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -126,22 +127,14 @@ def test_a_full_disk_leaves_no_published_folder(capsys, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == [], "no published folder, no staging folder"
 
 
-def test_a_mount_point_inside_the_folder_is_refused(capsys, tmp_path):
-    """Another file system mounted into the folder (as a bind mount of a host directory would be); root only."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting needs root")
+def test_a_mount_point_inside_the_folder_is_refused(tmp_path):
+    """Another file system (a tmpfs) mounted into the folder, in a mount namespace of its own."""
     source = tmp_path / "model"
     shutil.copytree(FIXTURE, source)
     (source / TEMPLATES).mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(source / TEMPLATES)],
-                             capture_output=True)  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        code, _, err = run_cli(capsys, "--model", source, "--out", tmp_path / "out")
-    finally:
-        subprocess.run(["umount", str(source / TEMPLATES)], check=True)
-    assert_one_clear_error(code, err, f"--model {source}: {TEMPLATES} is a mount point")
+    mount = ["-t", "tmpfs", "-o", "size=64k", "tmpfs", source / TEMPLATES]
+    ran = _publish_under_a_mount(mount, True, "--model", source, "--out", tmp_path / "out")
+    assert_one_clear_error(ran.returncode, ran.stderr, f"--model {source}: {TEMPLATES} is a mount point")
     assert sorted(os.listdir(tmp_path)) == ["model"]
 
 
@@ -185,13 +178,13 @@ def test_a_link_that_leads_nowhere_is_refused_not_dropped(capsys, tmp_path, monk
             assert not out.exists()
 
 
-# Runs `refusion publish` (through `refusion_hf.cli.main`) after bind-mounting SRC on DEST, in a private mount
-# namespace of its own (a user namespace too when not root): nothing is mounted on the host. argv: SRC DEST CHECK
-# then publish's arguments; CHECK=0 switches the check off.
-PUBLISH_UNDER_A_BIND_MOUNT = """
-import importlib, subprocess, sys
-source, destination, check, *arguments = sys.argv[1:]
-subprocess.run(["mount", "--bind", source, destination], check=True)
+# Runs `refusion publish` (through `refusion_hf.cli.main`) after `mount MOUNT_ARGUMENTS`, in a private mount
+# namespace of its own (a user namespace too when not root): nothing is mounted on the host. argv: MOUNT_ARGUMENTS
+# (JSON) CHECK then publish's arguments; CHECK=0 switches the check off.
+PUBLISH_UNDER_A_MOUNT = """
+import importlib, json, subprocess, sys
+mount, check, *arguments = sys.argv[1:]
+subprocess.run(["mount", *json.loads(mount)], check=True)
 if check == "0":
     importlib.import_module("refusion_hf.hub_card.publish").check_own_files = lambda folder, flag: None
 from refusion_hf.cli import main
@@ -199,12 +192,12 @@ sys.exit(main(["publish", *arguments]))
 """
 
 
-def _publish_under_a_bind_mount(source, destination, checked, *arguments):
+def _publish_under_a_mount(mount, checked, *arguments):
     namespace = ["unshare", "--mount", "--propagation", "private"]
     if os.geteuid() != 0:
         namespace[1:1] = ["--user", "--map-root-user"]
-    command = [*namespace, sys.executable, "-I", "-c", PUBLISH_UNDER_A_BIND_MOUNT]
-    command += [str(source), str(destination), "1" if checked else "0", *map(str, arguments)]
+    command = [*namespace, sys.executable, "-c", PUBLISH_UNDER_A_MOUNT, json.dumps(list(map(str, mount)))]
+    command += ["1" if checked else "0", *map(str, arguments)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
@@ -227,7 +220,7 @@ def test_a_bind_mount_inside_the_folder_is_refused(tmp_path, kind):
             (source / TEMPLATES).mkdir()
             mounted, destination, relative = secret.parent, source / TEMPLATES, TEMPLATES
         assert os.stat(mounted).st_dev == os.stat(source).st_dev, "one file system"
-        ran = _publish_under_a_bind_mount(mounted, destination, checked, "--model", source, "--out", out)
+        ran = _publish_under_a_mount(["--bind", mounted, destination], checked, "--model", source, "--out", out)
         if not checked:
             assert ran.returncode == 0, ran.stderr[-2000:]
             assert _files_holding_the_secret(out), "without the check, the outside secret is published"

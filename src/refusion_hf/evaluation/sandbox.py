@@ -16,9 +16,10 @@ tests/evaluation/sandbox_mutants.py checks that each weakening of this module fa
 
 * **Opt-in.** Nothing runs unless the caller passes `allow_code_execution=True` or the environment has
   `HF_ALLOW_CODE_EVAL=1` (the variable Hugging Face's `code_eval` uses); otherwise `CodeExecutionNotAllowed`.
-* **Unprivileged.** When the caller is root, bwrap itself is started under an unused uid (one per run, from
-  `SANDBOX_UID_BASE`), so the program is an unprivileged user on the host too; inside its user namespace it is
-  uid 65534 with no capabilities.
+* **Unprivileged.** When the caller is root, the run is started under an unused uid (one per run, from
+  `SANDBOX_UID_BASE`), so the program is an unprivileged user on the host too. bwrap runs as root of the run's own
+  user namespace (that uid, or the caller's, on the host: where the tmpfs are mounted), and the program, in
+  bwrap's user namespace inside it, is uid 65534 with no capabilities (`--cap-drop ALL` empties the bounding set).
 * **Nothing of the host.** New mount, user, PID, network, IPC, UTS and cgroup namespaces. The file system is
   `/usr` (read-only: the Python runtime and its standard library), a fresh `/proc` of its own PID namespace, a
   minimal read-only `/dev` (null, zero, full, random, urandom, tty and a private pts; no device of the host), the
