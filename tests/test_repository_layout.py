@@ -39,9 +39,10 @@ CORE_PACKAGES = ("generation", "modeling")
 # Modules of other packages allowed over MODULE_MAX_LINES: the most lines they may have, and why.
 OVERSIZED_MODULES = {
     "evaluation/sandbox.py": (
-        660,
-        "one security boundary: a 98-line docstring states each property with its escape test, next to the bwrap "
-        "command line, the seccomp filter and the trusted runner (run inside the sandbox) that implement them",
+        710,
+        "one security boundary: a 110-line docstring states each property with its escape test, next to the bwrap "
+        "command line, the seccomp filter, the tmpfs mounter and the trusted runner (run inside the sandbox) that "
+        "implement them",
     ),
     "hub_card/publish.py": (
         600,
