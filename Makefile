@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROMPT ?= For the numbers 2, 24, 27, 12, 10, subtract 7 from each number. Write one line each.
 
-.PHONY: install test lint demo embedded-bundle
+.PHONY: install test test-matrix lint demo embedded-bundle
 
 $(STAMP): setup.cfg pyproject.toml setup.py
 	@# bubblewrap and libseccomp's Python bindings (for Debian's python3): the OS sandbox for generated code and
@@ -24,11 +24,16 @@ $(STAMP): setup.cfg pyproject.toml setup.py
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check setup.py src tests benchmarks
-	$(BIN)/ruff format --check setup.py src tests benchmarks
+	$(BIN)/ruff check setup.py noxfile.py src tests benchmarks
+	$(BIN)/ruff format --check setup.py noxfile.py src tests benchmarks
 
 test: lint embedded-bundle
 	$(BIN)/python -m pytest
+
+# The release subset under the oldest and the newest supported dependency sets, each in a fresh virtual environment
+# (noxfile.py; tests/README.md gives the subset and its time). `$(BIN)/nox -s oldest` runs one end.
+test-matrix: install
+	$(BIN)/nox
 
 demo: install
 	$(BIN)/refusion generate "$(PROMPT)" --show-order

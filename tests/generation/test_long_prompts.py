@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from refusion_hf._compat.transformers import cache_argument
 from refusion_hf.generation import ragged_kv_cache
 from refusion_hf.generation import split_attention as split_attention_module
 from refusion_hf.generation.split_attention import IMPLEMENTATIONS, SplitMask, split_attention
@@ -127,8 +128,10 @@ def test_split_attention_equals_the_dense_mask_it_replaces(
     def run(mask):
         cache = DynamicCache(config=model.config)
         if cached:
-            model(input_ids=past, cache=cache, use_cache=True)
-        return model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True).logits
+            model(input_ids=past, **cache_argument(cache), use_cache=True)
+        return model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, **cache_argument(cache), use_cache=True
+        ).logits
 
     reference = run(torch.where(dense, attend, blocked)[None, None])
     scored = torch.where(dense[c:], attend, blocked)[None, None]

@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from refusion_hf import RefusionConfig, RefusionForCausalLM
+from refusion_hf._compat.transformers import cache_argument
 
 PROMPT = torch.tensor([[61, 61, 33, 51, 20, 31, 13, 32, 23, 6, 13, 40]])
 # A ReFusion-style buffer: prompt, then slots in generation order (not position order).
@@ -47,12 +48,12 @@ def test_permuted_positions_with_cache(model64, stock64):
     results = []
     for model in (model64, stock64):
         cache = DynamicCache(config=model.config)
-        model(input_ids=TOKENS[:, :12], position_ids=PERMUTED[:, :12], cache=cache, use_cache=True)
+        model(input_ids=TOKENS[:, :12], position_ids=PERMUTED[:, :12], **cache_argument(cache), use_cache=True)
         out = model(
             input_ids=TOKENS[:, 12:],
             position_ids=PERMUTED[:, 12:],
             attention_mask=ones(22),
-            cache=cache,
+            **cache_argument(cache),
             use_cache=True,
         )
         results.append(out.logits)
@@ -87,18 +88,34 @@ def test_additive_4d_block_diagonal_mask(model64, stock64):
     results = []
     for model in (model64, stock64):
         cache = DynamicCache(config=model.config)
-        model(input_ids=PROMPT, cache=cache, use_cache=True)
-        results.append(model(input_ids=slots, position_ids=positions, attention_mask=mask, cache=cache).logits)
+        model(input_ids=PROMPT, **cache_argument(cache), use_cache=True)
+        results.append(
+            model(input_ids=slots, position_ids=positions, attention_mask=mask, **cache_argument(cache)).logits
+        )
     assert torch.equal(*results)
     # each packed slot equals that slot run alone on the prompt
     for s in range(2):
         cache = DynamicCache(config=model64.config)
-        model64(input_ids=PROMPT, cache=cache, use_cache=True)
+        model64(input_ids=PROMPT, **cache_argument(cache), use_cache=True)
         span = slice(s * k, (s + 1) * k)
         alone = model64(
-            input_ids=slots[:, span], position_ids=positions[:, span], attention_mask=ones(16), cache=cache
+            input_ids=slots[:, span], position_ids=positions[:, span], attention_mask=ones(16), **cache_argument(cache)
         ).logits
         torch.testing.assert_close(results[0][:, span], alone, rtol=1e-10, atol=1e-10)
+
+
+def test_the_cache_is_taken_as_cache_or_past_key_values_on_every_release(model64):
+    """`cache=` (transformers >= 5.24's name) and `past_key_values=` (the name before; deprecated from 5.24) both
+    reach the stock forward on every supported release; both at once is refused."""
+    one_shot = model64(input_ids=TOKENS).logits[:, 12:]
+    for name in ("cache", "past_key_values"):
+        cache = DynamicCache(config=model64.config)
+        model64(input_ids=TOKENS[:, :12], use_cache=True, **{name: cache})
+        assert cache.get_seq_length() == 12, name
+        rest = model64(input_ids=TOKENS[:, 12:], use_cache=True, **{name: cache}).logits
+        torch.testing.assert_close(rest, one_shot, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="`cache` and `past_key_values` were both given"):
+        model64(input_ids=PROMPT, cache=DynamicCache(config=model64.config), past_key_values=cache)
 
 
 # Two sequences packed in one row, padding-free: the position ids restart where the second one begins.

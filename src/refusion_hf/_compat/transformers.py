@@ -1,5 +1,7 @@
 """The seam to transformers' private names (see `refusion_hf._compat`): generation, cache, modeling, `Trainer` and
-transformers serve. tests/_compat/test_transformers.py checks `PRIVATE_MEMBERS` against the installed transformers.
+transformers serve; and the differences between the supported releases (5.19 to 5.25, setup.cfg), each declared
+once under "Release differences" below. tests/_compat/test_transformers.py checks `PRIVATE_MEMBERS` and each
+difference against the installed transformers.
 
 Part of the remote-code bundle (the decoder reaches it): standard library, torch and transformers imports only;
 `Trainer` and serve (which needs the `serving` extra) are imported inside the functions and names that use them.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import weakref
 
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 _MIXIN = "transformers.generation.utils:GenerationMixin"
 _SERVE_UTILS = "transformers.cli.serving.utils"
@@ -82,6 +85,38 @@ PRIVATE_MEMBERS = (
     (_COMPLETION, "_streaming", "attribute"),
     (_COMPLETION, "_non_streaming", "attribute"),
 )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- Release differences
+# The transformers releases this package supports: setup.cfg's requirement (its comment says why each bound), which
+# a test holds equal to this, and the requirement a model folder's custom_generate/ states.
+SUPPORTED_RELEASES = ">=5.19,<5.26"
+
+# What differs between the supported releases, detected from the installed one (never from its version string),
+# each used through the functions below only.
+
+
+# The KV cache's keyword argument of a model's forward, and the output field that returns it: `past_key_values` up to
+# 5.23, `cache` from 5.24 (which still takes `past_key_values`, deprecated). Before 5.24 a `cache=` keyword is not
+# refused: it lands in the attention kwargs and the forward runs without the cache (the decoder's masks then cover
+# more keys than the forward has: "The size of tensor a (64) must match the size of tensor b (76)").
+def cache_name(output_class) -> str:
+    """The cache's name where `output_class` (a transformers model output dataclass) has a field for it."""
+    return "cache" if "cache" in output_class.__dataclass_fields__ else "past_key_values"
+
+
+CACHE_NAME = cache_name(CausalLMOutputWithPast)
+
+
+def cache_argument(cache) -> dict:
+    """`{name: cache}`: the keyword argument that hands `cache` to a transformers forward (or an output class) on
+    the installed release (`CACHE_NAME`)."""
+    return {CACHE_NAME: cache}
+
+
+def output_cache(outputs):
+    """The cache a transformers model output carries (`CACHE_NAME`)."""
+    return getattr(outputs, CACHE_NAME)
 
 
 # ----------------------------------------------------------------------------------------------- generate()

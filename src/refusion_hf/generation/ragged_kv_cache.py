@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, DynamicLayer
 
-from .._compat.transformers import map_cache_tensors
+from .._compat.transformers import cache_argument, map_cache_tensors
 from .sequence_state import Kept, Query
 from .split_attention import SplitMask
 from .stage_interface import stack_rows
@@ -348,7 +348,7 @@ def forward_queries(model, kv: RaggedKVCache, queries: list[Query], pad_token_id
         input_ids=input_ids,
         position_ids=positions,
         attention_mask=dict.fromkeys(kv.layer_types, mask),  # a mask per layer type, taken as given by the model
-        cache=kv.cache,
+        **cache_argument(kv.cache),
         use_cache=True,
         logits_to_keep=scored_width,
     )

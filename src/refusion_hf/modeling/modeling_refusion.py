@@ -33,7 +33,7 @@ from transformers.modeling_layers import (
     GenericForTokenClassification,
 )
 
-from .._compat.transformers import attn_implementation
+from .._compat.transformers import attn_implementation, cache_argument, output_cache
 from ..generation.refusion_generation_config import RefusionGenerationConfig
 from ..generation.refusion_generation_mixin import RefusionGenerationMixin
 from .configuration_refusion import RefusionConfig
@@ -83,7 +83,8 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         **kwargs,
     ):
         r"""
-        The stock Qwen3 causal-LM forward (same arguments, same meaning, `logits_to_keep` included), plus:
+        The stock Qwen3 causal-LM forward (same arguments, same meaning, `logits_to_keep` included; the KV cache
+        is `cache` on every supported transformers release, `past_key_values` too), plus:
 
         mdm_weights (`torch.FloatTensor` of shape `(batch_size, sequence_length)`, *optional*):
             Built by `RefusionDataCollator`: `1 / (p_mask * answer_length * num_examples)` at masked positions, 0
@@ -99,8 +100,10 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         which would otherwise add the booleans to the scores (sdpa reads it as given).
         """
         attention_mask = self._additive_if_boolean_for_eager(attention_mask)
-        if cache is not None:  # only when given: `past_key_values=` (deprecated) then still reaches stock forward
-            kwargs["cache"] = cache
+        if cache is not None:  # only when given: `past_key_values=` then still reaches stock forward
+            if kwargs.get("past_key_values") is not None:
+                raise ValueError("`cache` and `past_key_values` were both given: they name the same KV cache.")
+            kwargs.update(cache_argument(cache))  # the installed release's keyword (`past_key_values` before 5.24)
         if mdm_weights is None:
             return super().forward(
                 input_ids=input_ids,
@@ -137,7 +140,7 @@ class RefusionForCausalLM(RefusionGenerationMixin, Qwen3ForCausalLM):
         result = RefusionCausalLMOutputWithPast(
             loss=ar_loss + mdm_loss,
             logits=outputs.logits,
-            cache=outputs.cache,
+            **cache_argument(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             ar_loss=ar_loss,
