@@ -3,11 +3,11 @@
 
 * `oldest`: every library with a lower bound in setup.cfg at that bound (`OLDEST`, checked against setup.cfg by
   tests/test_noxfile.py), the rest as uv resolves them;
-* `newest`: `.[train,eval]` as uv resolves it today: the newest release each range allows.
+* `newest`: `.[train,eval,serving]` as uv resolves it today: the newest release each range allows.
 
 Both install torch 2.13.0 from the CPU wheel pip is configured to use (this machine's find-links: `pip install
 --dry-run` tells which file; uv reads no pip configuration and would fetch the CUDA build from the index), then the
-package from this clone (a wheel, not editable: the tests import what a user installs) with the `train` and `eval`
+package from this clone (a wheel, not editable: the tests import what a user installs) with the `train`, `eval` and `serving`
 extras, pytest and hypothesis, and run `SUBSET`. `nox -s oldest` runs one end; `nox -R` reuses the environments.
 tests/README.md gives the subset's time.
 """
@@ -45,11 +45,8 @@ OLDEST = {
 # What each end runs: modeling (save/load, remote code in a bare environment), the oracle, generate()'s contract,
 # custom_generate on a stock Qwen3, a training step (Trainer, TRL, LoRA), and each release difference's seam test.
 SUBSET = [
-    "tests/_compat/test_transformers_releases.py",
-    # its seam's declarations and function (its coverage check imports every module, serving/ included)
-    "tests/_compat/test_accelerate.py::test_declarations_hold_for_the_installed_accelerate",
-    "tests/_compat/test_accelerate.py::test_each_declaration_fails_naming_the_seam_when_accelerate_changes_it",
-    "tests/_compat/test_accelerate.py::test_set_shared_distributed_type_reaches_every_state",
+    # every seam's declarations and release differences (the coverage checks import every module, serving/ too)
+    "tests/_compat",
     "tests/modeling",
     # the 300 golden cases (make test also decodes each without planning ahead: the same forwards, so no release
     # difference, and as long again)
@@ -58,11 +55,9 @@ SUBSET = [
     "tests/generation/test_custom_generate.py",
     "tests/training/test_trainer.py",
     "tests/training/test_trl.py",
+    # refusion serve on public APIs: the openai client over 127.0.0.1, the same tokens as generate()
+    "tests/serving/test_serve.py",
 ]
-# Added to SUBSET, with the `serving` extra in `install_and_test`, once `refusion serve` runs on public APIs
-# (issue 53): until then that extra pins transformers < 5.25, the transformers seam declares serve's internals, and
-# the seams' coverage checks import serving/. Then: "tests/serving", "tests/_compat" (the whole folder).
-AFTER_SERVING_PORT: list[str] = []
 
 
 def torch_cpu_wheel() -> str:
@@ -87,9 +82,9 @@ def install_and_test(session: nox.Session, pins: list[str]) -> None:
     session.install(wheel)
     constraints = Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"torch=={TORCH}\n" + "".join(f"{pin}\n" for pin in pins))
-    session.install("-c", str(constraints), ".[train,eval]", "pytest", "hypothesis")
+    session.install("-c", str(constraints), ".[train,eval,serving]", "pytest", "hypothesis")
     session.run("uv", "pip", "list", "--python", session.virtualenv.location, external=True)  # the set, in the log
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *SUBSET, *AFTER_SERVING_PORT, *session.posargs)
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *SUBSET, *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -54,11 +54,3 @@ def test_map_cache_tensors_replaces_every_layers_keys_and_values():
     for layer in cache.layers:
         assert layer.keys.shape == (2, 1, 2, 4) and layer.keys[1].eq(2).all() and layer.values[1].eq(3).all()
     assert cache.get_seq_length() == 2
-
-
-def test_serve_exceptions_are_served_lazily():
-    from transformers.cli.serving import utils
-
-    assert seam.GenerationCancelled is utils._GenerationCancelled and seam.StreamError is utils._StreamError
-    with pytest.raises(AttributeError, match="no_such_name"):
-        seam.no_such_name  # noqa: B018

@@ -103,6 +103,34 @@ def test_withdrawn_prompts_leave_before_the_next_forward(model64):
     assert result.num_forward_passes < plain.num_forward_passes
 
 
+def test_following_reports_each_prompts_final_tokens_as_they_are_decided(model64):
+    """`following`: with continuous batching, each prompt's reported pieces join to its answer, and they come over
+    several forwards (not at the end): what a server streams."""
+    from refusion_hf.generation.batch_scheduler import decode_batch, following
+    from refusion_hf.generation.ragged_kv_cache import forward_queries
+    from refusion_hf.generation.sequence_state import DecodingSettings
+
+    torch.manual_seed(6)
+    prompts = [torch.randint(4, 64, (n,)) for n in (5, 7, 3, 6)]
+    settings_ = DecodingSettings(
+        max_new_tokens=48, slot_size=2, block_size=8, slot_threshold=0.5, token_threshold=0.3, mask_token_id=3,
+        eos_token_ids=(EOS,),
+    )  # fmt: skip
+    forwards, pieces = [], {index: [] for index in range(len(prompts))}
+
+    def forward(model, kv, queries, pad):
+        forwards.append(len(queries))
+        return forward_queries(model, kv, queries, pad)
+
+    with following(lambda index, tokens: pieces[index].append((len(forwards), tokens))):
+        result = decode_batch(model64, prompts, settings_, 0, forward=forward, max_rows=2)
+    for index in range(len(prompts)):
+        n = result.answer_lengths[index]
+        assert sum((tokens for _, tokens in pieces[index]), []) == result.tokens[index, :n].tolist()
+    # the longer answers are reported over several forwards
+    assert sum(len({at for at, _ in reported}) > 1 for reported in pieces.values()) >= 2, pieces
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

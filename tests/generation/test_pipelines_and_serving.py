@@ -1,5 +1,5 @@
 """The client people chat with: `pipeline("text-generation")` (chat messages and strings, batches, streaming), on the
-embedded model (remote code). `refusion serve` (transformers serve's machinery) is tested in tests/serving/."""
+embedded model (remote code). `refusion serve` is tested in tests/serving/."""
 
 import threading
 

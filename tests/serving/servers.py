@@ -1,7 +1,6 @@
 """Servers for the serving tests, each on a free 127.0.0.1 port in a thread: `running(app)` runs any ASGI app under
-uvicorn and yields its base URL (`running_server`: and the uvicorn server); `stock_app(folder)` is transformers
-serve's own app pinned to a folder, built as `transformers serve --force-model FOLDER` builds it (the baseline the
-hardening tests first attack). `slowed_forwards` and `rows_per_forward` observe the served model's forwards from
+uvicorn and yields its base URL (`running_server`: and the uvicorn server, or the server `make_server(config)`
+builds). `slowed_forwards` and `rows_per_forward` observe the served model's forwards from
 outside (torch's global forward pre-hooks); `HeldRequest` is a client that leaves when the test says."""
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ import uvicorn
 
 
 @contextlib.contextmanager
-def running_server(app, **config):
+def running_server(app, make_server=uvicorn.Server, **config):
     """`app` under uvicorn (options `config`) on 127.0.0.1 (a free port) in a thread; yields
     `("http://127.0.0.1:PORT", server)`. Stops on exit."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", **config))
+    server = make_server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -98,26 +97,3 @@ def until(condition, what: str, seconds: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
         time.sleep(0.01)
-
-
-def stock_app(folder: str):
-    """transformers serve's app (`build_server`) pinned to `folder` on the CPU in float32, with its own handlers for
-    the two completion endpoints. Returns `(app, model_manager)`."""
-    from transformers.cli.serving.chat_completion import ChatCompletionHandler
-    from transformers.cli.serving.completion import CompletionHandler
-    from transformers.cli.serving.model_manager import ModelManager
-    from transformers.cli.serving.server import build_server
-    from transformers.cli.serving.utils import GenerationState
-
-    manager = ModelManager(device="cpu", dtype="float32", force_model=folder)
-    state = GenerationState()
-    app = build_server(
-        manager,
-        ChatCompletionHandler(model_manager=manager, generation_state=state),
-        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
-        response_handler=None,
-        transcription_handler=None,
-        systemone_handler=None,
-        generation_state=state,
-    )
-    return app, manager

@@ -1,7 +1,7 @@
 """Request bodies from schemathesis, over 127.0.0.1: `refusion serve`'s OpenAPI document describes its two completion
 routes with OpenAI's request schemas (serve's types, the ones requests are validated against); schemathesis draws
 bodies that follow them and bodies that break them (a fixed number per route, derandomized), and every answer must
-be a non-5xx whose 4xx names what it refuses. First, the wrong-type bodies that made transformers serve answer 500.
+be a non-5xx whose 4xx names what it refuses. First, wrong-type bodies that transformers serve answered 500 or took.
 Model: the official-layout folder built from the tiny fixture, with a 24-token context so that accepted bodies
 decode briefly."""
 
@@ -13,7 +13,7 @@ from schemathesis import GenerationMode
 
 from refusion_hf.serving.app import build_app
 from tests.official_layout import build_official_layout
-from tests.serving.servers import running, stock_app
+from tests.serving.servers import running
 
 TIMEOUT = 60  # seconds, per request
 MESSAGES = [{"role": "user", "content": "t9"}]
@@ -45,13 +45,6 @@ def folder(tmp_path_factory):
 
 
 def test_wrong_types_are_4xx_naming_the_field(folder):
-    app, manager = stock_app(folder)
-    with running(app) as url:  # a new connection each: serve's 500s may leave the last one closed
-        cases = WRONG_TYPES + SILENTLY_TAKEN
-        answers = [httpx2.post(f"{url}{path}", json=body, timeout=TIMEOUT).status_code for path, body, _ in cases]
-    manager.shutdown()
-    assert answers == [500] * len(WRONG_TYPES) + [200] * len(SILENTLY_TAKEN), answers
-
     app, state = build_app(folder, dtype="float32", device="cpu")
     with running(app) as url, httpx2.Client(base_url=url, timeout=TIMEOUT) as http:
         for path, body, field in WRONG_TYPES + SILENTLY_TAKEN:

@@ -2,8 +2,7 @@
 requests are in flight (one decodes, one waits: forwards slowed by a hook of the test), then prompt and generated
 tokens equal to the answers' `usage`, forward passes equal to the model's forwards counted from outside, time to
 first token for every answered request (streamed or not), end-to-end latency for every completion request, answers
-by status class.
-transformers serve has no `/metrics`. Model: the official-layout folder built from the tiny fixture."""
+by status class. Model: the official-layout folder built from the tiny fixture."""
 
 import json
 import threading
@@ -17,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving.app import build_app
 from tests.official_layout import build_official_layout
-from tests.serving.servers import running, slowed_forwards, stock_app
+from tests.serving.servers import running, slowed_forwards
 
 TIMEOUT = 60
 
@@ -41,11 +40,6 @@ def scrape(http) -> dict[str, float]:
 
 
 def test_metrics(folder):
-    app, manager = stock_app(folder)
-    with running(app) as url:
-        assert httpx2.get(f"{url}/metrics", timeout=TIMEOUT).status_code == 404
-    manager.shutdown()
-
     forwards = []
     counting = torch.nn.modules.module.register_module_forward_hook(
         lambda module, args, output: forwards.append(1) if isinstance(module, RefusionForCausalLM) else None

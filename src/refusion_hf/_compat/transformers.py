@@ -1,10 +1,10 @@
-"""The seam to transformers' private names (see `refusion_hf._compat`): generation, cache, modeling, `Trainer` and
-transformers serve; and the differences between the supported releases (5.19 to 5.25, setup.cfg), each declared
-once under "Release differences" below. tests/_compat/test_transformers.py checks `PRIVATE_MEMBERS` and each
-difference against the installed transformers.
+"""The seam to transformers' private names (see `refusion_hf._compat`): generation, cache, modeling and `Trainer`
+(`refusion serve` uses public APIs only); and the differences between the supported releases (5.19 to 5.25,
+setup.cfg), each declared once under "Release differences" below. tests/_compat/test_transformers.py checks
+`PRIVATE_MEMBERS` and each difference against the installed transformers.
 
 Part of the remote-code bundle (the decoder reaches it): standard library, torch and transformers imports only;
-`Trainer` and serve (which needs the `serving` extra) are imported inside the functions and names that use them.
+`Trainer` is imported inside the functions that use it.
 The declarations use the plain strings "attribute" and "set by owner" (`refusion_hf._compat.ATTRIBUTE`,
 `SET_BY_OWNER`): the bundle cannot import the package's `__init__`.
 """
@@ -17,10 +17,6 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 _MIXIN = "transformers.generation.utils:GenerationMixin"
-_SERVE_UTILS = "transformers.cli.serving.utils"
-_CHAT = "transformers.cli.serving.chat_completion:ChatCompletionHandler"
-_COMPLETION = "transformers.cli.serving.completion:CompletionHandler"
-_MANAGER = "transformers.cli.serving.model_manager:ModelManager"
 
 PRIVATE_MEMBERS = (
     # -- generate(): stock preparation, reused so that ReFusion decoding honours the config exactly as stock does.
@@ -64,26 +60,6 @@ PRIVATE_MEMBERS = (
     ("transformers:Trainer", "_signature_columns", "set by owner"),
     ("transformers:Trainer", "_save_checkpoint", "(self, model, trial)"),
     ("transformers:Trainer", "_get_output_dir", "(self, trial)"),
-    # -- transformers serve: `refusion serve` is serve's app with ReFusion's handlers, model manager and generate
-    # managers (serving/). Serve has no public extension API: its handlers and managers are subclassed and these
-    # private members overridden or called.
-    (_SERVE_UTILS, "_GenerationCancelled", "attribute"),  # what a manager raises for a request the client left
-    (_SERVE_UTILS, "_StreamError", "attribute"),  # what a streaming manager puts for a failed stream
-    (f"{_SERVE_UTILS}:GenerationState", "_generate_managers", "set by owner"),
-    (f"{_SERVE_UTILS}:GenerationState", "_cb_manager", "set by owner"),
-    (f"{_SERVE_UTILS}:GenerationState", "_cb_model_id", "set by owner"),
-    (_MANAGER, "_load_processor", "(self, model_id_and_revision, gguf_file)"),
-    (_MANAGER, "_load_model", "(self, model_id_and_revision, tqdm_class, progress_callback, gguf_file)"),
-    (_CHAT, "_resolve_model", "(self, body)"),
-    (_CHAT, "_validate_request", "(self, body)"),
-    (_CHAT, "_build_generation_config", "(self, body, model_generation_config, use_cb)"),
-    (_CHAT, "_valid_params_class", "attribute"),
-    (_CHAT, "_streaming", "attribute"),
-    (_CHAT, "_non_streaming", "attribute"),
-    (_COMPLETION, "_unused_fields", "attribute"),
-    (_COMPLETION, "_valid_params_class", "attribute"),
-    (_COMPLETION, "_streaming", "attribute"),
-    (_COMPLETION, "_non_streaming", "attribute"),
 )  # fmt: skip
 
 
@@ -228,27 +204,3 @@ def save_stock_checkpoint(trainer, model, trial) -> None:
 
 def output_dir(trainer, trial) -> str:
     return trainer._get_output_dir(trial=trial)
-
-
-# ----------------------------------------------------------------------------------------------- serve
-_SERVE_NAMES = {"GenerationCancelled": "_GenerationCancelled", "StreamError": "_StreamError"}
-
-
-def __getattr__(name: str):
-    """`GenerationCancelled` and `StreamError`: serve's private exceptions, imported when first used (serve needs
-    the `serving` extra; the bundle never uses them)."""
-    if name in _SERVE_NAMES:
-        from transformers.cli.serving import utils
-
-        return getattr(utils, _SERVE_NAMES[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def request_params_class(handler):
-    """The OpenAI request type a serve handler validates against."""
-    return handler._valid_params_class
-
-
-def stock_unused_fields(handler_class) -> set:
-    """The request fields a serve handler accepts and ignores (it warns)."""
-    return handler_class._unused_fields

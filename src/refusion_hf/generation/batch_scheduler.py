@@ -6,7 +6,8 @@ has every row's logits examined and decided, and keeps in the cache what each ro
 leave the batch (their cache rows are dropped), so they cost nothing afterwards; with continuous batching
 (`max_rows`) waiting prompts take their places. Stopping criteria see the final prefixes (prefix_stopping.py).
 A caller may withdraw prompts while they decode (`withdrawing`: a server whose client went away): before each
-forward, a withdrawn prompt that waits is never decoded and one that decodes leaves the batch.
+forward, a withdrawn prompt that waits is never decoded and one that decodes leaves the batch; and follow each
+prompt's final tokens as they are decided (`following`: a server streaming the answers of a `generate_batch` call).
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,10 @@ from .transitions import StopAt
 JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
 # The prompts withdrawn from the `decode_batch` calls made in this context (`withdrawing`).
 _WITHDRAWN: contextvars.ContextVar[Set[int] | None] = contextvars.ContextVar("refusion_withdrawn", default=None)
+# The callback of `following`, for the `decode_batch` calls made in this context.
+_FOLLOWER: contextvars.ContextVar[Callable[[int, list[int]], None] | None] = contextvars.ContextVar(
+    "refusion_follower", default=None
+)
 
 
 @contextlib.contextmanager
@@ -45,6 +50,19 @@ def withdrawing(withdrawn: Set[int]):
         yield withdrawn
     finally:
         _WITHDRAWN.reset(token)
+
+
+@contextlib.contextmanager
+def following(on_final: Callable[[int, list[int]], None]):
+    """Within it, a `decode_batch` call (so `generate()` and `generate_batch()` on this thread) calls
+    `on_final(index, tokens)` after each forward for every decoding prompt whose final prefix grew (the answer's
+    positions before the first undecided one, which no later step changes: what a streamer is sent): `tokens` is
+    the new part, token ids in order. Unlike `on_step` it also runs with continuous batching (`max_rows`)."""
+    token = _FOLLOWER.set(on_final)
+    try:
+        yield
+    finally:
+        _FOLLOWER.reset(token)
 
 
 @dataclass
@@ -99,6 +117,7 @@ def decode_batch(
     kv = RaggedKVCache(model.config, 0, device, dtype)
     num_forward_passes = 0
     withdrawn, seen = _WITHDRAWN.get(), 0  # prompts withdrawn by the caller; how many of them were handled
+    follower, followed = _FOLLOWER.get(), [0] * len(prompts)  # `following`: final tokens sent so far, per prompt
 
     def step(rows: list[int], cache: RaggedKVCache) -> None:
         """One forward for `rows` on `cache`; each row advances and keeps what its stage kept of its query."""
@@ -154,6 +173,12 @@ def decode_batch(
                 stopping.update(sequences)
             if on_step is not None:
                 on_step(sequences)
+            if follower is not None:
+                for row in active:
+                    ready = sequences[row].finished_prefix
+                    if ready > followed[row]:
+                        follower(row, sequences[row].canvas[followed[row] : ready].tolist())
+                        followed[row] = ready
             still = [i for i, row in enumerate(active) if sequences[row].stage is not Stage.DONE]
             if len(still) < len(active):
                 if on_finish is not None:

@@ -1,6 +1,7 @@
 """`refusion serve [MODEL]`: an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`) with
-ReFusion decoding, built on `transformers serve` (`server.py` says which parts of it are extended, `app.py` what
-the app refuses). uvicorn runs the app until SIGINT / SIGTERM. The flags follow vLLM's (`docs/serving.md`)."""
+ReFusion decoding (`app.py`: the routes; `handler.py`: a request's path; `decoding.py`: the decoding worker).
+uvicorn runs the app until SIGINT / SIGTERM (`DrainingServer`: the waiting requests are answered 503 at once, the
+ones decoding get `--shutdown-timeout` seconds). The flags follow vLLM's (`docs/serving.md`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,20 @@ from ..command_inputs import (
 )
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
 from ..modeling.loading import DTYPES, default_model_path
+from .prompts import TEMPLATE_MEMORY_BYTES, TEMPLATE_SECONDS  # standard library and jinja2 only
+
+KEEP_ALIVE_SECONDS = 5  # an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
 
 
 def port_number(text: str) -> int:
@@ -51,6 +66,41 @@ def warn_if_open(host: str, api_key: str | None) -> None:
             "(or set REFUSION_API_KEY).",
             host,
         )
+
+
+def check_api_key(key: str | None) -> None:
+    """A key every client can send in `Authorization: Bearer <key>`: printable ASCII (HTTP header values are), not
+    empty, no surrounding spaces (clients and proxies strip them); else one line saying what is wrong."""
+    if key is None:
+        return
+    if not key.strip():
+        raise CommandError("--api-key (or REFUSION_API_KEY) is empty: give a key, or leave both unset.")
+    if key != key.strip():
+        raise CommandError(
+            "--api-key (or REFUSION_API_KEY) begins or ends with white space, which HTTP clients strip from the "
+            "Authorization header: no client could send it; remove the spaces."
+        )
+    unsendable = sorted({c for c in key if not (" " <= c <= "~")})
+    if unsendable:
+        raise CommandError(
+            f"--api-key (or REFUSION_API_KEY) holds {', '.join(repr(c) for c in unsendable)}: an HTTP header carries "
+            "printable ASCII only, so no client could send it; use letters, digits and punctuation."
+        )
+
+
+def draining_server(config, decoder):
+    """A uvicorn server that, when told to stop (SIGTERM / SIGINT), first answers every request still waiting for
+    its decoding with 503 (the decoder takes no new one), then stops as uvicorn does: the requests decoding get
+    `timeout_graceful_shutdown` seconds, then their tasks are cancelled (their decoding stops before its next
+    forward)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            decoder.waiting.stop_waiting()
+            await super().shutdown(sockets)
+
+    return DrainingServer(config)
 
 
 def register(subparsers) -> None:
@@ -99,6 +149,14 @@ def register(subparsers) -> None:
         help="accept a chat template sent in a request (chat_template_kwargs.chat_template); default: refused",
     )
     parser.add_argument(
+        "--request-chat-template-seconds",
+        type=positive_float,
+        default=TEMPLATE_SECONDS,
+        help="with --trust-request-chat-template: how long a request's template may render, in a process of its own "
+        f"with {TEMPLATE_MEMORY_BYTES // 2**20} MiB of memory, before the request is refused "
+        f"(default {TEMPLATE_SECONDS:g})",
+    )
+    parser.add_argument(
         "--api-key",
         default=os.environ.get("REFUSION_API_KEY"),
         help="require `Authorization: Bearer <key>` on every route but /health, /metrics (default: $REFUSION_API_KEY)",
@@ -127,12 +185,12 @@ def run(args: argparse.Namespace) -> int:
             f"--max-num-seqs (--max-requests-per-batch) {rows}: without --continuous-batching requests decode one at "
             f"a time (--max-num-seqs 1); pass --continuous-batching to decode {rows} at once."
         )
-    if args.api_key is not None and not args.api_key.strip():
-        raise CommandError("--api-key (or REFUSION_API_KEY) is empty: give a key, or leave both unset.")
+    check_api_key(args.api_key)
     warn_if_open(args.host, args.api_key)
     import uvicorn
 
     from .app import ServeOptionError, build_app
+    from .connections import HeadDeadlineProtocol
     from .malloc_arenas import use_one_malloc_arena
 
     model = args.model if args.model is not None else str(default_model_path())
@@ -140,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     check_tokenizer_files(model, "MODEL")
     use_one_malloc_arena()  # before build_app starts the decoding worker's thread
     try:
-        app, state = build_app(
+        app, decoder = build_app(
             model,
             dtype=args.dtype,
             device=args.device,
@@ -152,15 +210,22 @@ def run(args: argparse.Namespace) -> int:
             trust_request_chat_template=args.trust_request_chat_template,
             api_key=args.api_key,
             max_queued_requests=args.max_queued_requests,
+            request_chat_template_seconds=args.request_chat_template_seconds,
         )
     except ServeOptionError as error:
         raise CommandError(str(error)) from None
     except (OSError, ValueError) as error:
         raise CommandError(f"MODEL {model}: the checkpoint does not load ({first_line(error)}).") from None
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        http=HeadDeadlineProtocol,
     )
-    server = uvicorn.Server(config)
+    server = draining_server(config, decoder)
     # uvicorn stops accepting on SIGINT / SIGTERM, gives the requests in flight --shutdown-timeout seconds (then
     # cancels them: their decoding stops before its next forward), and re-raises the signal once it has stopped:
     # both then end here as KeyboardInterrupt, and the command exits 0.
@@ -170,5 +235,5 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        state.shutdown()
+        decoder.shutdown()
     return 0

@@ -1,24 +1,19 @@
 """`refusion serve`'s `/metrics`: Prometheus's text format, through prometheus-client (its metric types, registry and
 exposition). One registry per app, so that several apps in one process (the tests) keep their own counts.
 
-Where each is measured: requests running / waiting by the decoding managers (`server.py`, `batching.py`: waiting from
-submission to the start of their decoding); prompt tokens by the handlers once a request is admitted; generated tokens
-when an answer is complete; forward passes by a forward hook on the model (torch's `register_forward_hook`); time to
-first token for every answered request (one at a time: when the answer's first token is final, handed to the stream or,
-not streamed, to a streamer that only times it; with continuous batching, `generate_batch` does not stream: when the
-whole answer is delivered); end-to-end latency and the answers by status class by the app's ASGI gate (`app.py`: from
-the request's arrival to the last byte of its answer). Tokens per forward pass is `refusion_generation_tokens_total /
-refusion_forward_passes_total`.
+Where each is measured: requests running / waiting by the decoding worker (`decoding.py`: waiting from admission to
+the start of their decoding); prompt tokens by the handler once a request is admitted; generated tokens when an
+answer is complete; forward passes by a forward hook on the model (torch's `register_forward_hook`); time to first
+token for every answered request (`handler.py`: from the request's arrival to its answer's first final piece,
+streamed or not, with or without continuous batching); end-to-end latency and the answers by status class by the
+app's ASGI gate (`app.py`: from the request's arrival to the last byte of its answer). Tokens per forward pass is
+`refusion_generation_tokens_total / refusion_forward_passes_total`.
 """
 
 from __future__ import annotations
 
-import contextvars
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-# When the request being answered arrived (set by the app's gate), for time to first token.
-ARRIVED: contextvars.ContextVar[float | None] = contextvars.ContextVar("refusion_arrived", default=None)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, float("inf"))
 
 
