@@ -7,9 +7,10 @@
 
 Both install torch 2.13.0 from the CPU wheel pip is configured to use (this machine's find-links: `pip install
 --dry-run` tells which file; uv reads no pip configuration and would fetch the CUDA build from the index), then the
-package from this clone (a wheel, not editable: the tests import what a user installs) with the `train`, `eval` and `serving`
-extras, pytest and hypothesis, and run `SUBSET`. `nox -s oldest` runs one end; `nox -R` reuses the environments.
-tests/README.md gives the subset's time.
+package from this clone (a wheel, not editable: the tests import what a user installs) with the `train`, `eval` and
+`serving` extras, pytest and hypothesis, and run `SUBSET`. `nox -s oldest` runs one end; `nox -R` reuses the
+environments. tests/README.md gives the subset's time. The serving extra's libraries (FastAPI, uvicorn, pydantic,
+openai) are as uv resolves them at both ends: their lower bounds are not pinned in `oldest`.
 """
 
 from __future__ import annotations
