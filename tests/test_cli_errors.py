@@ -12,7 +12,7 @@ from safetensors import SafetensorError
 
 from refusion_hf import command_inputs
 from refusion_hf.cli import main
-from refusion_hf.modeling import RefusionConfig, RefusionForCausalLM
+from refusion_hf.modeling import RefusionConfig, RefusionForCausalLM, checkpoint_checks
 from tests.oracle import FIXTURE
 
 UNWRITABLE = "/proc/refusion-no-such-dir/out"  # /proc refuses new entries, even for root
@@ -231,9 +231,9 @@ def test_the_parameter_estimate_is_the_built_models_count_checked_against_the_ma
     for change in ({}, {"tie_word_embeddings": True}, {"attention_bias": True, "num_key_value_heads": 4}):
         kwargs = {k: v for k, v in {**config, **change}.items() if k not in ("model_type", "rope_scaling")}
         built = RefusionForCausalLM(RefusionConfig(**kwargs)).num_parameters()
-        assert command_inputs.estimated_parameters({**config, **change}) == built, change
+        assert checkpoint_checks.estimated_parameters({**config, **change}) == built, change
     # the fixture's 82,304 float32 parameters (329 kB) on a machine of 300 kB
-    monkeypatch.setattr(command_inputs, "machine_memory_bytes", lambda: 300_000)
+    monkeypatch.setattr(checkpoint_checks, "machine_memory_bytes", lambda: 300_000)
     message = _one_line_error(_generate(bad, "--model", str(bad["good"])), capsys)
     assert "config.json describes 8.23e+04 parameters, 0.0003066 GiB in float32, more than this machine's" in message
 

@@ -2,6 +2,8 @@
 no generated file is tracked in git, and the documentation's relative links resolve.
 Issue 40: no import cycle inside src/refusion_hf, and no other library's private name used outside its seam
 (`refusion_hf._compat`, one module per library); each rule is shown to fail on a planted violation.
+Issue 56: the cycle check counts imports inside functions too, and no library module of `modeling/` or
+`generation/` imports command-line code (`cli.py`, `command_inputs.py`, the modules that register a command).
 
 They read files only (plus `git ls-files` and `git check-ignore`), so the whole module takes well under a second.
 """
@@ -248,28 +250,31 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_statements(tree: ast.Module):
-    """The statements run when the module is imported: top level, inside `try` / `if` (not `if TYPE_CHECKING`)."""
+def _import_statements(tree: ast.Module):
+    """Every import statement that can run: at module level and inside functions, classes, `try` and `if` (not in
+    an `if TYPE_CHECKING` block, which never runs)."""
     pending = list(tree.body)
     while pending:
         node = pending.pop(0)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            pending.extend(node.orelse)
-        elif isinstance(node, (ast.If, ast.Try)):
-            pending.extend([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])])
-            pending.extend(statement for handler in getattr(node, "handlers", []) for statement in handler.body)
-        else:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+        else:
+            pending.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+            pending.extend(s for handler in getattr(node, "handlers", []) for s in handler.body)
+            pending.extend(s for case in getattr(node, "cases", []) for s in case.body)
 
 
 def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
-    """Module-level imports among `sources` ({module name: (source, is a package)}): for each module, the modules
-    of the package it imports when it is imported (`from x import name` also reaches module `x.name`)."""
+    """Imports among `sources` ({module name: (source, is a package)}): for each module, the modules of the
+    package it imports, when it is imported or inside its functions (`from x import name` also reaches module
+    `x.name`): a cycle through a function's import is a cycle of the layering, whenever it runs."""
     graph = {}
     for name, (source, is_package) in sources.items():
         package = name if is_package else name.rpartition(".")[0]
         edges = set()
-        for node in _top_level_statements(ast.parse(source)):
+        for node in _import_statements(ast.parse(source)):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -336,7 +341,7 @@ def _package_sources() -> dict[str, tuple[str, bool]]:
 
 def test_no_import_cycle_inside_the_package():
     cycles = import_cycles(import_graph(_package_sources()))
-    assert not cycles, "import cycles (module level): " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
 
 
 def test_the_cycle_check_finds_a_planted_cycle():
@@ -348,8 +353,61 @@ def test_the_cycle_check_finds_a_planted_cycle():
         "pkg.d": ("from .a import z\n\ndef later():\n    from .d import itself\n", False),
         "pkg.e": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .f import F\n", False),
         "pkg.f": ("from .e import E\n", False),
+        "pkg.g": ("class G:\n    def later(self):\n        if self:\n            from .h import H\n", False),
+        "pkg.h": ("from .g import G\n", False),
     }
-    assert import_cycles(import_graph(sources)) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    assert import_cycles(import_graph(sources)) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"], ["pkg.g", "pkg.h", "pkg.g"]]
+
+
+# ----------------------------------------------------------------------------------------- library and commands
+LIBRARY_PACKAGES = ("refusion_hf.modeling", "refusion_hf.generation")
+
+
+def command_modules(sources: dict[str, tuple[str, bool]]) -> set[str]:
+    """The command-line code: `refusion_hf.cli`, `refusion_hf.command_inputs` and every module `cli.py`'s
+    `COMMANDS` names (each registers a command)."""
+    tree = ast.parse(sources["refusion_hf.cli"][0])
+    commands = next(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMANDS" for t in node.targets)
+    )
+    return {"refusion_hf.cli", "refusion_hf.command_inputs", *ast.literal_eval(commands).values()}
+
+
+def library_imports_of_commands(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """`module -> command module` for every library module of `LIBRARY_PACKAGES` that imports command code."""
+    graph, commands = import_graph(sources), command_modules(sources)
+    return sorted(
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        if module.startswith(tuple(f"{package}." for package in LIBRARY_PACKAGES)) and module not in commands
+        for imported in sorted(imports & commands)
+    )
+
+
+def test_no_library_module_imports_command_code():
+    found = library_imports_of_commands(_package_sources())
+    assert not found, f"library modules importing command-line code (raise `errors.InputError` instead): {found}"
+
+
+def test_the_library_check_finds_a_planted_upward_import():
+    sources = {
+        "refusion_hf": ("", True),
+        "refusion_hf.cli": ('COMMANDS = {"generate": "refusion_hf.generation.cli"}\n', False),
+        "refusion_hf.command_inputs": ("", False),
+        "refusion_hf.generation": ("", True),
+        "refusion_hf.generation.cli": ("from ..command_inputs import CommandError\n", False),  # a command: allowed
+        "refusion_hf.generation.stages": ("def f():\n    from .cli import register\n", False),
+        "refusion_hf.modeling": ("", True),
+        "refusion_hf.modeling.loading": ("from ..command_inputs import CommandError\n", False),
+        "refusion_hf.training": ("", True),
+        "refusion_hf.training.trainer": ("from ..command_inputs import first_line\n", False),  # not checked
+    }
+    assert library_imports_of_commands(sources) == [
+        "refusion_hf.generation.stages -> refusion_hf.generation.cli",
+        "refusion_hf.modeling.loading -> refusion_hf.command_inputs",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- private names

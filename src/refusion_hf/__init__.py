@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from .generation import RefusionGenerationConfig, RefusionGenerationMixin, RefusionGenerationOutput
 from .modeling import RefusionConfig, RefusionForCausalLM
 from .training import RefusionDataCollator
+from .version import __version__ as __version__
 
 
 def __getattr__(name: str):
@@ -24,7 +25,6 @@ AutoConfig.register(RefusionConfig.model_type, RefusionConfig, exist_ok=True)
 AutoModel.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
 AutoModelForCausalLM.register(RefusionConfig, RefusionForCausalLM, exist_ok=True)
 
-__version__ = "0.1.0"
 
 __all__ = [
     "RefusionConfig",

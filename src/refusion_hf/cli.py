@@ -1,8 +1,8 @@
 """`refusion` command line: a thin dispatcher. Each command lives with the subpackage that does the work and
 exposes `register(subparsers)`, which adds its parser and sets `func` (called with the parsed arguments).
 
-User errors (`CommandError`, and argparse's own) print one line `refusion <command>: error: ...` and exit with
-status 2; see `command_inputs.py`."""
+User errors (the library's `errors.InputError`, the commands' `CommandError`, and argparse's own) print one line
+`refusion <command>: error: ...` and exit with status 2; see `errors.py`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .command_inputs import CommandError
+from .errors import InputError
 
 # command name -> module that registers it
 COMMANDS = {
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         args.extra_args = extra
     try:
         return int(args.func(args) or 0)
-    except CommandError as error:
+    except InputError as error:  # a command's refusal (`CommandError`) or the library's
         print(f"refusion {args.command}: error: {error}", file=sys.stderr)
         return 2
 

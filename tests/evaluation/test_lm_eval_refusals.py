@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from refusion_hf.command_inputs import CommandError
+from refusion_hf.errors import InputError
 from refusion_hf.evaluation.lm_eval_model import RefusionLM
 from tests.cli_errors import user_error
 from tests.oracle import FIXTURE
@@ -87,11 +87,11 @@ def test_a_tokenizer_that_needs_its_own_code_is_one_line(tmp_path, capsys, offli
 def test_the_model_class_refuses_them(tmp_path, offline):
     """lm-eval's `simple_evaluate(model="refusion", model_args=...)` builds `RefusionLM` without `refusion lm-eval`'s
     checks: the class itself refuses (the knobs before HFLM loads anything)."""
-    with pytest.raises(CommandError, match="slot_size=0: `slot_size` must be an integer >= 1"):
+    with pytest.raises(InputError, match="slot_size=0: `slot_size` must be an integer >= 1"):
         RefusionLM(pretrained=str(FIXTURE), slot_size=0)
     folder, marker = _folder_with_tokenizer_code(tmp_path, "refusion")
-    with pytest.raises(CommandError, match=f"--model_args pretrained={folder}: the tokenizer needs its own code"):
+    with pytest.raises(InputError, match=f"--model_args pretrained={folder}: the tokenizer needs its own code"):
         RefusionLM(pretrained=str(folder))
-    with pytest.raises(CommandError, match=f"--model_args tokenizer={folder}: the tokenizer needs its own code"):
+    with pytest.raises(InputError, match=f"--model_args tokenizer={folder}: the tokenizer needs its own code"):
         RefusionLM(pretrained=str(FIXTURE), tokenizer=str(folder))
     assert not marker.exists()

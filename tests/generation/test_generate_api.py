@@ -193,6 +193,29 @@ def test_refusion_generate_has_exactly_stock_generates_parameters():
     assert [(p.name, p.kind, p.default) for p in ours[1:]] == [(p.name, p.kind, p.default) for p in stock[1:]]
 
 
+def test_every_generate_signature_is_derived_from_the_declared_stock_arguments():
+    """Issue 56: stock generate's and generate_batch's named arguments are declared once (`STOCK_ARGUMENTS`,
+    `STOCK_BATCH_ARGUMENTS`, with how ReFusion decoding treats each); the mixin's `generate` / `generate_batch` and
+    the functions behind them take exactly stock's parameters (names, kinds, defaults), and a positional call binds
+    as stock's would."""
+    import inspect
+
+    from transformers import GenerationMixin
+
+    from refusion_hf.generation.generate_batch import refusion_generate_batch
+    from refusion_hf.generation.refusion_generate import refusion_generate
+    from refusion_hf.generation.stock_fields import STOCK_ARGUMENTS, STOCK_BATCH_ARGUMENTS
+
+    def parameters(function):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()][1:]
+
+    stock_generate, stock_batch = parameters(GenerationMixin.generate), parameters(GenerationMixin.generate_batch)
+    assert [name for name, _, _ in stock_generate[2:-2]] == list(STOCK_ARGUMENTS)
+    assert [name for name, _, _ in stock_batch[2:-1]] == list(STOCK_BATCH_ARGUMENTS)
+    assert parameters(RefusionForCausalLM.generate) == parameters(refusion_generate) == stock_generate
+    assert parameters(RefusionForCausalLM.generate_batch) == parameters(refusion_generate_batch) == stock_batch
+
+
 def test_a_plain_generation_config_passed_in_is_not_modified(model64):
     config = GenerationConfig(max_new_tokens=12, eos_token_id=[2, 60])
     before = config.to_dict()
@@ -392,3 +415,19 @@ def test_without_inputs_autoregressive_decoding_is_stocks(model64, fixture_path)
     stock = Qwen3ForCausalLM.from_pretrained(fixture_path, dtype=torch.float64).eval()
     ours = model64.generate(max_new_tokens=6, decoding="autoregressive", do_sample=False)
     assert torch.equal(ours, stock.generate(max_new_tokens=6, do_sample=False))
+
+
+def test_generate_batch_merges_the_generation_config_once(model64, monkeypatch):
+    """Issue 56: `generate_batch` merges the configuration once (as `generate()` does) and decodes from it."""
+    from refusion_hf.generation import generate_batch, refusion_generate
+
+    merges = []
+    for module in (refusion_generate, generate_batch):
+        if hasattr(module, "merge_generation_config"):
+            merge = module.merge_generation_config
+            monkeypatch.setattr(
+                module, "merge_generation_config", lambda *a, merge=merge, **k: merges.append(1) or merge(*a, **k)
+            )
+    out = model64.generate_batch([[5, 6, 7]], max_new_tokens=4, slot_size=4)
+    assert merges == [1]
+    assert 1 <= len(out["req_0"].generated_tokens) <= 4

@@ -1,16 +1,18 @@
 """What a new decoding mode costs (docs/design.md §3, "Adding a stage"): its unit in a module of its own, one
-`register_stage` call and its knob.
+registration in the stage registry and its knob.
 
 The toy mode, `trust_drafts`, commits the chosen drafts without verifying them (up to a drafted EOS): a unit that
 wraps VERIFY (it feeds VERIFY's query) and decides with a transition every stage uses (`Commit`).
 
 Shipped as a mode is shipped (`test_a_mode_shipped_as_its_module_registration_and_one_declared_knob_works_everywhere`):
-a copy of the package gets the unit as `generation/trust_drafts.py`, its registration at the end of `stages.py` and
+a copy of the package gets the unit as `generation/trust_drafts.py`, its `Registration` in `stages.STAGES` and
 one `DecodingKnob` in `KNOBS`, nothing else; a fresh process importing the copy gets the knob as a `generate()`
 argument, a config field with its type check, a command flag and a decoder setting, and the mode decodes.
 
-In process (the other tests), the knob is a field of a `DecodingSettings` subclass, so the unit is driven by
-scripted logits as tests/generation/test_stages.py drives the built-in stages.
+In process (the other tests), the knob is a field of a `DecodingSettings` subclass and the registry a new one
+(`STAGES.with_unit(...)`: the package's is never changed), so the unit is driven by scripted logits as
+tests/generation/test_stages.py drives the built-in stages. A unit re-registered over PLAN serves every plan,
+those riding along a verification's forward (`plan_ahead`) included.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 import refusion_hf
 from refusion_hf.generation.sequence_state import DecodingSettings, SequenceState, Stage
 from refusion_hf.generation.stage_interface import ExaminedPart, StageQuery, StageUnit, stack_rows
-from refusion_hf.generation.stages import register_stage, unregister_stage
+from refusion_hf.generation.stages import STAGES
 from refusion_hf.generation.transitions import Commit, Kept
 from tests.generation.scripted_logits import EOS, Belief
 from tests.generation.test_stages import WRONG, answer, run, settings
@@ -69,9 +71,10 @@ class TrustDrafts(StageUnit):
 
 @pytest.fixture
 def trust_drafts():
-    registration = register_stage(Stage.VERIFY, TrustDrafts, knob="trust_drafts")
-    yield
-    unregister_stage(registration)
+    """The package's registry with the mode registered over VERIFY (a new registry: `STAGES` stays as it is)."""
+    registry = STAGES.with_unit(Stage.VERIFY, TrustDrafts, knob="trust_drafts")
+    assert registry is not STAGES and len(registry.registrations) == len(STAGES.registrations) + 1
+    return registry
 
 
 # ------------------------------------------------------------------------------------------------------ tests
@@ -87,11 +90,11 @@ def test_a_registered_mode_serves_its_stage_where_its_knob_is_set(model64, trust
     one plan's drafts are committed as drafted in one VERIFY forward; without it, verification rejects the guess
     and infill completes the slot: the registration changes nothing where its knob is not set."""
     belief = Belief(answer(), guess={1: WRONG})
-    trusted = run(model64, [belief], trusting())
+    trusted = run(model64, [belief], trusting(), registry=trust_drafts)
     assert trusted.stages == [[PLAN, VERIFY, DONE]]
     assert trusted.tokens() == [20, WRONG, *answer()[2:]]
     assert trusted.result.forward_passes_per_row == [2]
-    verified = run(model64, [belief], trusting(False))
+    verified = run(model64, [belief], trusting(False), registry=trust_drafts)
     assert verified.tokens() == answer()
     assert Stage.INFILL_DRAFT in verified.stages[0]
 
@@ -99,20 +102,53 @@ def test_a_registered_mode_serves_its_stage_where_its_knob_is_set(model64, trust
 def test_a_trusted_eos_ends_the_answer(model64, trust_drafts):
     """The drafts, a WRONG guess and an EOS among them, are committed as drafted up to the EOS: the answer ends
     there, after one plan and one trusted forward."""
-    decoded = run(model64, [Belief(answer(20, 21, 22, EOS), guess={1: WRONG})], trusting())
+    decoded = run(model64, [Belief(answer(20, 21, 22, EOS), guess={1: WRONG})], trusting(), registry=trust_drafts)
     assert decoded.result.answer_lengths == [4]
     assert decoded.tokens()[:4] == [20, WRONG, 22, EOS]
     assert decoded.result.forward_passes_per_row == [2]
 
 
-def test_a_stage_registered_under_a_knob_the_settings_lack_is_refused(model64):
-    registration = register_stage(Stage.VERIFY, TrustDrafts, knob="trust_drafts")
-    try:
-        with pytest.raises(ValueError, match="knob `trust_drafts`"):
-            run(model64, [Belief(answer())], settings())
-    finally:
-        unregister_stage(registration)
+def test_a_stage_registered_under_a_knob_the_settings_lack_is_refused(model64, trust_drafts):
+    with pytest.raises(ValueError, match="knob `trust_drafts`"):
+        run(model64, [Belief(answer())], settings(), registry=trust_drafts)
     assert run(model64, [Belief(answer())], settings()).tokens() == answer()
+
+
+# ------------------------------------------------------------------------------------ a re-registered PLAN unit
+class CountingPlan(StageUnit):
+    """The PLAN unit below it, counting the plans it decides (`decided`, shared by every unit `make` builds)."""
+
+    def __init__(self, plan: StageUnit, decided: list):
+        self.plan, self.stage, self.decided = plan, plan.stage, decided
+
+    def batched(self, policy) -> bool:
+        return self.plan.batched(policy)
+
+    def query(self, state: SequenceState) -> StageQuery:
+        return self.plan.query(state)
+
+    def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
+        return self.plan.examine(parts, logits)
+
+    def decide(self, state: SequenceState, fed, payload, values: list[int]):
+        self.decided.append(state.forward_passes)
+        return self.plan.decide(state, fed, payload, values)
+
+
+def test_a_re_registered_plan_unit_plans_ahead_too(model64):
+    """Planning ahead runs the next plan inside a verification's forward: that plan is the registry's PLAN unit's,
+    as every other plan. Two blocks of two slots, the model sure of everything: the second block's plan rides
+    along the first block's verification and holds (3 forwards, not 4), and the re-registered unit decided both
+    plans, the tokens unchanged."""
+    decoding = settings(max_new_tokens=8, slot_size=2, block_size=4, plan_ahead=True)
+    decided = []
+    registry = STAGES.with_unit(Stage.PLAN, lambda plan: CountingPlan(plan, decided))
+    counted = run(model64, [Belief(answer())], decoding, registry=registry)
+    alone = run(model64, [Belief(answer())], decoding)
+    assert counted.tokens() == alone.tokens() == answer()
+    assert counted.result.forward_passes_per_row == alone.result.forward_passes_per_row == [3]
+    assert len(counted.result.chosen_slots[0]) == 2  # two plans: one forward of its own, one riding along
+    assert decided == [1, 2]  # each decided by the registered unit, after the forward that ran it
 
 
 # --------------------------------------------------------------------------- shipped: module, registration, knob
@@ -129,11 +165,10 @@ from .transitions import Commit, Kept
 
 {inspect.getsource(TrustDrafts)}'''
 
-REGISTRATION = """
-from .trust_drafts import TrustDrafts  # noqa: E402
-
-register_stage(Stage.VERIFY, TrustDrafts, knob="trust_drafts")
-"""
+IMPORTS_END = "from .transitions import FORWARDED\n"
+IMPORT = "from .trust_drafts import TrustDrafts\n"
+STAGES_END = "))  # fmt: skip\n"
+REGISTRATION = '    Registration(Stage.VERIFY, TrustDrafts, knob="trust_drafts"),\n'
 
 KNOB = """    DecodingKnob(
         name="trust_drafts", type=bool, default=False,
@@ -180,7 +215,8 @@ print(json.dumps(dict(
 
 
 def test_a_mode_shipped_as_its_module_registration_and_one_declared_knob_works_everywhere(tmp_path):
-    """A copy of the package with three edits (the unit's module, its registration, its `DecodingKnob`): in a fresh
+    """A copy of the package with three edits (the unit's module, its `Registration` in `STAGES` with its import,
+    its `DecodingKnob`): in a fresh
     process the knob is a `generate()` argument, a type-checked config field, a documented field, a command flag
     and a decoder setting with the declared default; with it set the mode decodes (fewer forwards: drafts are not
     verified), without it the tokens and forwards are this package's own."""
@@ -190,7 +226,9 @@ def test_a_mode_shipped_as_its_module_registration_and_one_declared_knob_works_e
     generation = copy / "generation"
     (generation / "trust_drafts.py").write_text(UNIT_MODULE)
     stages = generation / "stages.py"
-    stages.write_text(stages.read_text() + REGISTRATION)
+    text = stages.read_text()
+    assert text.count(STAGES_END) == 1 and text.count(IMPORTS_END) == 1, "STAGES moved: update STAGES_END"
+    stages.write_text(text.replace(IMPORTS_END, IMPORTS_END + IMPORT).replace(STAGES_END, REGISTRATION + STAGES_END))
     config = generation / "refusion_generation_config.py"
     text = config.read_text()
     assert text.count(KNOBS_END) == 1, "the end of KNOBS moved: update KNOBS_END"

@@ -23,6 +23,7 @@ from transformers import EosTokenCriteria, StoppingCriteriaList
 from refusion_hf.generation.batch_scheduler import BatchDecodeResult, decode_batch
 from refusion_hf.generation.prefix_stopping import PrefixStopping
 from refusion_hf.generation.sequence_state import DecodingSettings, Stage
+from refusion_hf.generation.stages import STAGES
 from tests.generation.scripted_logits import EOS, MASK, PAD, UNSURE, Belief, Call, ScriptedForward
 
 PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, DONE = (
@@ -62,9 +63,9 @@ class Run:
         return self.result.commit_step[row].tolist()
 
 
-def run(model, beliefs, decoding, prompts=None, stopping=None, max_rows=None) -> Run:
+def run(model, beliefs, decoding, prompts=None, stopping=None, max_rows=None, registry=STAGES) -> Run:
     """Decode `prompts` (default: PROMPT for each belief) with the scripted model; record the stages (not with
-    `max_rows`: continuous batching streams no steps)."""
+    `max_rows`: continuous batching streams no steps). `registry`: which unit serves each stage."""
     prompts = [torch.tensor(p) for p in (prompts or [PROMPT] * len(beliefs))]
     forward = ScriptedForward(beliefs, model.config.vocab_size, decoding.slot_size)
     stages = [[PLAN] for _ in prompts]
@@ -86,6 +87,7 @@ def run(model, beliefs, decoding, prompts=None, stopping=None, max_rows=None) ->
         forward=forward,
         max_rows=max_rows,
         on_finish=forward.finished,
+        stages=registry,
     )
     return Run(result, None if max_rows else stages, forward.calls)
 

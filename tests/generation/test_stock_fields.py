@@ -38,3 +38,21 @@ def test_a_value_outside_the_declared_range_is_refused_by_name(name):
     if field.high is not None:
         with pytest.raises(ValueError, match=rf"^`{name}` must be in \[{field.low}, {field.high}\]"):
             RefusionGenerationConfig(**{name: field.high + 0.5})
+
+
+def test_knobs_and_stock_fields_are_checked_by_one_mechanism():
+    """Issue 56: one check of a value (`ArgumentValues`) for every declared field, knob or stock; each field's
+    support is a `Support` (honoured, inert, or refused with its reason), never a bare tag or sentence; the refusal
+    names the field with the words its declaration gives."""
+    from refusion_hf.generation.refusion_generation_config import KNOBS
+    from refusion_hf.generation.stock_fields import INERT, ArgumentValues, Support
+
+    assert all(isinstance(field, ArgumentValues) for field in [*KNOBS, *STOCK_FIELDS.values()])
+    assert all(isinstance(field.support, Support) for field in STOCK_FIELDS.values())
+    assert {str(field.support) for field in STOCK_FIELDS.values() if field.support.tag == "inert"} == {str(INERT)}
+    for name, declared in [*((knob.name, knob) for knob in KNOBS), *((n, STOCK_FIELDS[n]) for n in TYPED)]:
+        wrong = 5 if getattr(declared, "kind", None) is STRINGS or getattr(declared, "type", None) is str else "x"
+        expected = declared.type_error(wrong)
+        with pytest.raises(ValueError) as refusal:
+            RefusionGenerationConfig(**{name: wrong})
+        assert str(refusal.value) == f"`{name}` must be {expected}, got {wrong!r}.", name

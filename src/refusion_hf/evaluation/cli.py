@@ -26,16 +26,15 @@ from ..checkpoint_identity import weights_sha256
 from ..command_inputs import (
     CommandError,
     add_decoding_arguments,
-    check_output_file,
-    first_line,
+    add_dtype_argument,
     non_negative_float,
     positive_int,
     require_extra,
     seed,
-    staged_output,
 )
+from ..errors import first_line
 from ..generation.refusion_generation_config import DECODING_KNOBS, DECODING_PRESETS
-from ..modeling.loading import add_dtype_argument
+from ..outputs import check_output_file, staged_output
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .synthetic_tasks import FAMILIES
 from .tasks import SUITE_TASKS, task_name

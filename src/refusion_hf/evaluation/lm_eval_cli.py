@@ -14,16 +14,10 @@ import json
 import time
 from pathlib import Path
 
-from ..command_inputs import (
-    CommandError,
-    check_checkpoint_folder,
-    check_output_file,
-    check_output_folder,
-    check_tokenizer_files,
-    first_line,
-    require_extra,
-    staged_output,
-)
+from ..command_inputs import CommandError, require_extra
+from ..errors import first_line
+from ..modeling.checkpoint_checks import check_checkpoint_folder, check_tokenizer_files
+from ..outputs import check_output_file, check_output_folder, staged_output
 
 
 def register(subparsers) -> None:

@@ -12,7 +12,7 @@ sequences, tasks, filters and metrics. Added here:
   loaded with `trust_remote_code=True`). `trust_remote_code` defaults to False, as in HFLM; True is passed on to
   the tokenizer only (`AutoTokenizer` then runs a tokenizer `auto_map`'s code and the configuration code it needs),
   with a warning that says so. lm-eval's own `hf` model is the one that runs a folder's modeling code. A tokenizer
-  that transformers loads only by running its code, without `trust_remote_code=True`, is a one-line `CommandError`
+  that transformers loads only by running its code, without `trust_remote_code=True`, is a one-line `InputError`
   (`check_tokenizer`, `_create_tokenizer`), not transformers' traceback;
 * model args: every tunable ReFusion knob (`DECODING_KNOBS`, from their declaration in `KNOBS`), `decoding`, and
   `preset` (the authors' per-task settings, `DECODING_PRESETS`; explicit knobs win over it), validated against
@@ -55,7 +55,7 @@ from lm_eval.models.huggingface import HFLM
 from transformers import GenerationConfig
 
 from .._compat.lm_eval import set_rank, stock_model_generate
-from ..command_inputs import CommandError, first_line
+from ..errors import InputError, first_line
 from ..generation.refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from ..generation.refusion_generation_config import DECODING_KNOBS, RefusionGenerationConfig, preset_settings
 from ..modeling import RefusionConfig, RefusionForCausalLM
@@ -114,21 +114,21 @@ class RefusionLM(HFLM):
     @staticmethod
     def check_model_args(preset=None, continuous_batching=False, backend="causal", **_) -> dict:
         """The model args of this class's own, checked before anything loads (`refusion lm-eval` calls it before
-        lm-eval indexes its tasks); a `CommandError` (a ValueError) is one line there. Returns the preset's knobs."""
+        lm-eval indexes its tasks); an `InputError` (a ValueError) is one line there. Returns the preset's knobs."""
         if not isinstance(continuous_batching, bool):
-            raise CommandError(f"model arg continuous_batching must be True or False, got {continuous_batching!r}.")
+            raise InputError(f"model arg continuous_batching must be True or False, got {continuous_batching!r}.")
         if backend != "causal":
-            raise CommandError(f"model arg backend={backend!r}: a ReFusion model is a causal LM; drop the argument.")
+            raise InputError(f"model arg backend={backend!r}: a ReFusion model is a causal LM; drop the argument.")
         try:
             return preset_settings(preset) if preset is not None else {}
         except ValueError as error:
-            raise CommandError(f"model arg preset: {error}") from None
+            raise InputError(f"model arg preset: {error}") from None
 
     @staticmethod
     def check_folder_args(pretrained, preset=None, **model_args) -> None:
         """The decoding knobs among the model args (and `preset`), merged over the folder's generation_config.json as
         `generate` merges them (`merge_generation_config`) and validated before anything loads: a value out of range
-        (`slot_size=0`) failed at the first request, with a traceback. A `CommandError`, one line in `refusion
+        (`slot_size=0`) failed at the first request, with a traceback. A `InputError`, one line in `refusion
         lm-eval`."""
         if not isinstance(pretrained, (str, os.PathLike)):  # a model object: HFLM's, nothing of a folder to check
             return
@@ -145,11 +145,11 @@ class RefusionLM(HFLM):
             given = ", ".join(f"{name}={value}" for name, value in {"preset": preset, **knobs}.items()
                               if value is not None)  # fmt: skip
             if given:
-                raise CommandError(
+                raise InputError(
                     f"--model_args {given}: {first_line(error)} Fix it, or drop it (the checkpoint's "
                     "generation_config.json and the defaults then apply)."
                 ) from None
-            raise CommandError(
+            raise InputError(
                 f"--model_args pretrained={pretrained}: the folder's generation_config.json does not validate "
                 f"({first_line(error)}); fix it, or pass the decoding knobs as model args."
             ) from None
@@ -164,7 +164,7 @@ class RefusionLM(HFLM):
             return
         accelerator = getattr(self, "accelerator", None)
         if accelerator is None:
-            raise CommandError(
+            raise InputError(
                 f"{launched} processes were launched (WORLD_SIZE) but accelerate sees no distributed setup, so each "
                 "would evaluate every request alone. Without GPUs, launch with ACCELERATE_USE_CPU=1 (gloo): "
                 "`ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m lm_eval --model refusion "
@@ -181,7 +181,7 @@ class RefusionLM(HFLM):
 
     def _create_tokenizer(self, pretrained, tokenizer, *args, **kwargs):
         """HFLM's; a tokenizer that transformers loads only by running its own code (a tokenizer_config.json
-        `auto_map` with no built-in class to fall back on) without `trust_remote_code=True` is one `CommandError`
+        `auto_map` with no built-in class to fall back on) without `trust_remote_code=True` is one `InputError`
         naming the folder and the fix, instead of transformers' traceback."""
         try:
             super()._create_tokenizer(pretrained, tokenizer, *args, **kwargs)
@@ -204,7 +204,7 @@ class RefusionLM(HFLM):
             AutoTokenizer.from_pretrained(source, trust_remote_code=False, revision=revision, subfolder=subfolder or "")
         except ValueError as error:
             raised = _tokenizer_code_error(error, pretrained, tokenizer)
-            if isinstance(raised, CommandError):
+            if isinstance(raised, InputError):
                 raise raised from None
         except Exception:  # noqa: BLE001 - HFLM's load reports it
             return
@@ -400,14 +400,14 @@ def _json_object(path: Path) -> dict:
 
 
 def _tokenizer_code_error(error: ValueError, pretrained, tokenizer) -> ValueError:
-    """transformers' refusal to load a tokenizer without running its code, as a one-line `CommandError` with the fix;
+    """transformers' refusal to load a tokenizer without running its code, as a one-line `InputError` with the fix;
     any other error as it is."""
     if "trust_remote_code=True" not in str(error):
         return error
     named = isinstance(tokenizer, (str, os.PathLike))  # else the pretrained folder's tokenizer
     flag, source = ("tokenizer", tokenizer) if named else ("pretrained", pretrained)
     auto_map = _json_object(Path(str(source)) / "tokenizer_config.json").get("auto_map")
-    return CommandError(
+    return InputError(
         f"--model_args {flag}={source}: the tokenizer needs its own code (tokenizer_config.json auto_map {auto_map}), "
         "which transformers runs only with trust_remote_code=True: add trust_remote_code=True to --model_args if you "
         "trust that code, or remove auto_map from tokenizer_config.json if tokenizer.json is the whole tokenizer."

@@ -26,7 +26,7 @@ from .prefix_stopping import PrefixStopping
 from .ragged_kv_cache import RaggedKVCache, forward_queries
 from .sequence_state import DecodingSettings, SequenceState, Stage
 from .split_attention import split_attention
-from .stages import begin_step, examine_steps, finish_step
+from .stages import STAGES, StageRegistry, begin_step, examine_steps, finish_step
 from .transitions import StopAt
 
 JOIN_FRACTION = 4  # continuous batching: waiting prompts join once 1/JOIN_FRACTION of the rows are free
@@ -88,13 +88,15 @@ def decode_batch(
     forward=None,
     max_rows: int | None = None,
     on_finish=None,
+    stages: StageRegistry = STAGES,
 ) -> BatchDecodeResult:
     """Decode every prompt (unpadded 1-D tensors) with ReFusion; one forward per step serves all rows.
 
     `policy` turns logits into drafts (default: greedy, never drafting the mask token). `stopping` applies
     stopping criteria to the final prefixes after every forward. `on_step(sequences)` is called after that with
     the list of `SequenceState`s (for streaming). `forward` runs one step's queries (`forward_queries`;
-    benchmarks swap in alternative strategies).
+    benchmarks swap in alternative strategies). `stages`: which unit serves each stage (`StageRegistry`; default the
+    package's `STAGES`), resolved once for `settings`.
 
     Continuous batching: with `max_rows`, at most that many prompts decode at once, and as soon as rows finish the
     next prompts take their places (prefilled in a forward of their own, then appended to the shared cache), so
@@ -105,6 +107,7 @@ def decode_batch(
     """
     device = prompts[0].device
     forward = forward or forward_queries
+    units = stages.units(settings)  # the unit serving each stage, for every row of the call
     if policy is None:
         policy = DraftPolicy.greedy([settings.mask_token_id], device)
     if max_rows is not None and (stopping is not None or on_step is not None):
@@ -121,7 +124,7 @@ def decode_batch(
 
     def step(rows: list[int], cache: RaggedKVCache) -> None:
         """One forward for `rows` on `cache`; each row advances and keeps what its stage kept of its query."""
-        steps = [begin_step(sequences[row]) for row in rows]  # 1. each row's stage builds its query
+        steps = [begin_step(sequences[row], units) for row in rows]  # 1. each row's stage builds its query
         queries = [step.fed.query for step in steps]
         logits = forward(model, cache, queries, pad_token_id)  # 2. one forward for every row
         context_width = max(q.num_context for q in queries)

@@ -13,14 +13,14 @@ from transformers import TextStreamer
 from ..command_inputs import (
     CommandError,
     add_decoding_arguments,
-    check_output_file,
+    add_dtype_argument,
     non_negative_float,
     positive_int,
     require_extra,
     seed,
-    staged_output,
 )
-from ..modeling.loading import add_dtype_argument, load_model_and_tokenizer, prompt_ids
+from ..modeling.loading import load_model_and_tokenizer, prompt_ids
+from ..outputs import check_output_file, staged_output
 from .refusion_generate import answer_lengths, eos_token_ids, merge_generation_config
 from .refusion_generation_config import DECODING_KNOBS, sampling_arguments
 from .trace_view import DecodeTrace, ansi_by_step, order_summary, write_trace

@@ -1,8 +1,11 @@
-"""Which stock `generate()` arguments ReFusion decoding honours, and the checks every call's inputs pass first.
+"""Which stock `generate()` arguments ReFusion decoding honours, its signatures, and the checks every call's inputs
+pass first.
 
 `ARGUMENT_SUPPORT` classifies every `GenerationConfig` field (honoured, inert, or refused with the reason), from
 its declaration in `stock_fields.STOCK_FIELDS`; `refuse_unsupported` raises the `ValueError` naming the first
-argument set to anything it cannot honour. The input checks turn what stock `generate` would meet as a
+argument set to anything it cannot honour, stock generate's named arguments included (`stock_fields.STOCK_ARGUMENTS`,
+from which `GENERATE_SIGNATURE`, the signature of `generate()`, is derived; `BATCH_SIGNATURE` likewise for
+`generate_batch()`). The input checks turn what stock `generate` would meet as a
 `TypeError` / `IndexError` deep in a forward into a `ValueError` naming the argument. transformers does the rest:
 its own `GenerationConfig.validate` and `GenerationMixin`'s preparation (refusion_generate.py calls them).
 
@@ -11,16 +14,50 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import GenerationConfig
 
 from .refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
-from .stock_fields import HONOURED, INERT, NEVER_ID, STOCK_FIELDS, is_neutral
+from .stock_fields import HONOURED, INERT, NEVER_ID, STOCK_ARGUMENTS, STOCK_BATCH_ARGUMENTS, STOCK_FIELDS, is_neutral
 
 # How ReFusion decoding treats every stock `GenerationConfig` field (HONOURED, INERT, or the reason it is refused
 # when set to anything but its neutral value), from its declaration in `STOCK_FIELDS`.
 ARGUMENT_SUPPORT: dict[str, str] = {name: field.support for name, field in STOCK_FIELDS.items()}
 REFUSE_SUFFIX = "pass `decoding='autoregressive'` to use it with ordinary left-to-right decoding of the same weights."
+
+
+def _signature(named: dict, *last: str, inputs=None) -> inspect.Signature:
+    """`(model, inputs=<inputs>, generation_config=None, <named>, <last>=None, **kwargs)`, each named argument with
+    its declared default (`inputs=inspect.Parameter.empty`: required)."""
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    defaults = {"inputs": inputs, "generation_config": None}
+    defaults.update({name: argument.default for name, argument in named.items()}, **dict.fromkeys(last))
+    return inspect.Signature([
+        inspect.Parameter("model", keyword),
+        *(inspect.Parameter(name, keyword, default=default) for name, default in defaults.items()),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+    ])  # fmt: skip
+
+
+# Stock `GenerationMixin.generate`'s and `generate_batch`'s signatures (names, order, defaults), model first: what
+# `refusion_generate(model, ...)` and `refusion_generate_batch(model, ...)` take (the mixin's, with `self`).
+GENERATE_SIGNATURE = _signature(STOCK_ARGUMENTS, "custom_generate")
+BATCH_SIGNATURE = _signature(STOCK_BATCH_ARGUMENTS, inputs=inspect.Parameter.empty)
+
+
+def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments by name, as a function with `signature` would receive them (`kwargs`: the rest)."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def method_signature(signature: inspect.Signature) -> inspect.Signature:
+    """`signature` with `self` in place of the model: the mixin's methods."""
+    parameters = list(signature.parameters.values())
+    return signature.replace(parameters=[parameters[0].replace(name="self"), *parameters[1:]])
 
 
 def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, stock_arguments: dict) -> None:
@@ -38,19 +75,13 @@ def refuse_unsupported(config: RefusionGenerationConfig, model_kwargs: dict, sto
                     f"sequence is completed depends on the tokens before each position); single tokens are. "
                     f"{REFUSE_SUFFIX[0].upper()}{REFUSE_SUFFIX[1:]}"
                 )
-    reasons = {
-        "logits_processor": "custom processors may read the tokens before each position, which out-of-order drafts "
-        "do not have",
-        "prefix_allowed_tokens_fn": "it reads the tokens before each position",
-        "assistant_model": "assisted decoding",
-        "negative_prompt_ids": "classifier-free guidance",
-        "negative_prompt_attention_mask": "classifier-free guidance",
-        "synced_gpus": "ranks decode in lock step only in stock decoding; ReFusion ranks finish independently",
-    }
-    for name, reason in reasons.items():
+    for name, argument in STOCK_ARGUMENTS.items():
         value = stock_arguments[name]
-        if value is not None and not (name == "logits_processor" and len(value) == 0) and value is not False:
-            raise ValueError(f"`{name}` is not supported by ReFusion decoding ({reason}); {REFUSE_SUFFIX}")
+        # None, False and an empty list (of logits processors) ask for nothing
+        if argument.support.is_refused and not (
+            value is None or value is False or (isinstance(value, list) and not value)
+        ):
+            raise ValueError(f"`{name}` is not supported by ReFusion decoding ({argument.support}); {REFUSE_SUFFIX}")
     if model_kwargs:
         raise ValueError(
             f"generate() got arguments that ReFusion decoding does not use: {sorted(model_kwargs)}. Its knobs are "

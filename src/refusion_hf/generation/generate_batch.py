@@ -12,24 +12,14 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, GenerationMixin
+from transformers import GenerationMixin
 
-from .generate_arguments import REFUSE_SUFFIX, check_generation_config, check_integer_ids, eos_token_ids
-from .refusion_generate import DEFAULT_BATCH_ROWS, STOCK_ARGUMENTS, generate_steps, merge_generation_config
-from .refusion_generation_config import REFUSION_FIELDS
+from .generate_arguments import BATCH_SIGNATURE, REFUSE_SUFFIX, bound_arguments, check_integer_ids, eos_token_ids
+from .refusion_generate import DEFAULT_BATCH_ROWS, generate_steps, merged_config, stock_keywords
+from .stock_fields import STOCK_ARGUMENTS, STOCK_BATCH_ARGUMENTS
 
 
-def refusion_generate_batch(
-    model,
-    inputs: list[list[int]],
-    generation_config: GenerationConfig | None = None,
-    continuous_batching_config=None,
-    record_timestamps: bool = False,
-    progress_bar: bool = False,
-    persistent_manager: bool = False,
-    warmup: bool = True,
-    **kwargs,
-) -> dict:
+def refusion_generate_batch(model, *args, **kwargs) -> dict:
     """`model.generate_batch(...)` with ReFusion decoding: transformers' continuous-batching interface (a list of
     prompts in, `{"req_0": GenerationOutput, ...}` out in input order) on the ragged-cache decoder. At most
     `continuous_batching_config.max_requests_per_batch` requests (default `DEFAULT_BATCH_ROWS`) decode at once;
@@ -39,24 +29,26 @@ def refusion_generate_batch(
     committed out of order), `persistent_manager` (there is no background manager), the paged-cache fields of
     `continuous_batching_config`, stopping criteria (see `decode_batch`), a config marked `is_assistant` (stock
     assisted decoding drafts through `generate()`) and what the list of prompts stands for
-    (`input_ids`, `inputs_embeds`, `attention_mask`, `return_dict_in_generate`, `custom_generate`)."""
+    (`input_ids`, `inputs_embeds`, `attention_mask`, `return_dict_in_generate`, `custom_generate`). The signature is
+    stock `GenerationMixin.generate_batch`'s (`BATCH_SIGNATURE`, from `stock_fields.STOCK_BATCH_ARGUMENTS`)."""
     from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
-    # 1. The decoding method: `decoding="autoregressive"` is transformers' own generate_batch.
-    check_generation_config(generation_config)
-    config, _ = merge_generation_config(model, generation_config, kwargs)
+    call = bound_arguments(BATCH_SIGNATURE, (model, *args), kwargs)
+    inputs, generation_config, kwargs = call["inputs"], call["generation_config"], call["kwargs"]
+    continuous_batching_config = call["continuous_batching_config"]
+    # 1. The decoding method, from the config merged once (as generate() merges it): `decoding="autoregressive"` is
+    #    transformers' own generate_batch, with the keywords generate() hands to stock generate.
+    config, model_kwargs = merged_config(model, generation_config, kwargs)
     if config.decoding == "autoregressive":
-        stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "preset")}
+        stock_kwargs = stock_keywords(generation_config, kwargs)
         ignored = sorted(set(stock_kwargs) - {"max_new_tokens"})
         if ignored:  # transformers' generate_batch reads only `max_new_tokens` from its keyword arguments
             raise ValueError(
                 f"`generate_batch(decoding='autoregressive')` would ignore {ignored}: transformers' own "
                 "generate_batch reads only `max_new_tokens` as a keyword; put the rest in `generation_config`."
             )
-        return GenerationMixin.generate_batch(
-            model, inputs, generation_config, continuous_batching_config, record_timestamps, progress_bar,
-            persistent_manager, warmup, **stock_kwargs,
-        )  # fmt: skip
+        named = {name: call[name] for name in STOCK_BATCH_ARGUMENTS}
+        return GenerationMixin.generate_batch(model, inputs, generation_config, **named, **stock_kwargs)
 
     # 2. Refuse what a continuous batch cannot honour.
     lengths = [n for n in ("max_length", "min_length") if kwargs.get(n) is not None]
@@ -79,9 +71,11 @@ def refusion_generate_batch(
             "`generate_batch` drafts nothing for assisted decoding (`generation_config.is_assistant` is set): stock "
             "assisted decoding asks its assistant through `generate()`; unset `is_assistant` to decode requests."
         )
-    for name, value in (("record_timestamps", record_timestamps), ("persistent_manager", persistent_manager)):
-        if value:
-            raise ValueError(f"`generate_batch({name}=True)` is not supported by ReFusion decoding; {REFUSE_SUFFIX}")
+    for name, argument in STOCK_BATCH_ARGUMENTS.items():
+        if argument.support.is_refused and call[name]:  # set (each defaults to False)
+            raise ValueError(
+                f"`generate_batch({name}={call[name]!r})` is not supported by ReFusion decoding; {REFUSE_SUFFIX}"
+            )
     for name in ("input_ids", "inputs_embeds", "attention_mask", "return_dict_in_generate", "custom_generate"):
         if name in kwargs:
             raise ValueError(
@@ -121,15 +115,17 @@ def refusion_generate_batch(
 
     # 4. `generate()`'s steps on the padded batch, at most `rows` rows decoding at once.
     progress = None
-    if progress_bar:
+    if call["progress_bar"]:
         from tqdm.auto import tqdm
 
         progress = tqdm(total=len(prompts), desc=f"Solving {len(prompts)} requests", unit="request")
-    stock_arguments = {name: kwargs.pop(name, None) for name in STOCK_ARGUMENTS}
-    kwargs.update(attention_mask=attention_mask, return_dict_in_generate=True)
+    stock_arguments = {name: model_kwargs.pop(name, None) for name in STOCK_ARGUMENTS}
+    config.return_dict_in_generate = True
+    model_kwargs["attention_mask"] = attention_mask
     on_finish = (lambda index, sequence: progress.update(1)) if progress is not None else None
+    merged = (config, model_kwargs)
     output = generate_steps(
-        model, input_ids, generation_config, stock_arguments, None, kwargs, max_rows=rows, on_finish=on_finish
+        model, input_ids, generation_config, stock_arguments, None, kwargs, merged, max_rows=rows, on_finish=on_finish
     )
     if progress is not None:
         progress.close()
@@ -148,3 +144,6 @@ def refusion_generate_batch(
             status=RequestStatus.FINISHED,
         )
     return results
+
+
+refusion_generate_batch.__signature__ = BATCH_SIGNATURE

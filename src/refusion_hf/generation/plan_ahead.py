@@ -15,27 +15,47 @@ re-score they ride along whenever there is a next block and no re-fed context (a
 the block).
 
 `PlanAhead` is registered (stages.py) over VERIFY, INFILL_VERIFY and REVISE, under the `plan_ahead` knob: with it
-off those units run alone. It decides nothing itself: the wrapped unit's transition is applied, then, when the
-plan holds, the plan unit's.
+off those units run alone. The plan is the registry's: whatever unit serves PLAN (`Registration.uses`) examines and
+decides the plan riding along, as it does a plan's own forward. PlanAhead decides nothing itself: the wrapped
+unit's transition is applied, then, when the plan holds, the plan unit's. What it adds to a query (`AheadQuery`,
+`Lookahead`) is declared here.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .plan_and_verify import examine_plans
 from .sequence_state import Query, SequenceState, Stage
-from .stage_interface import ExaminedPart, Lookahead, RowExamination, StageQuery, StageUnit, causal
+from .stage_interface import ExaminedPart, RowExamination, StageQuery, StageUnit, causal
 from .transitions import Kept
 
 ALL_PENDING = (0, 2**62)  # `Query.pending_view` of a token that sees every pending entry of its row
 
 
+@dataclass(frozen=True)
+class Lookahead:
+    """The next plan's masks appended to a wrapped stage's query, and what that plan assumes."""
+
+    slots: list[int]  # the pool the next plan would have
+    after: int  # query tokens before the masks (the wrapped stage's own)
+    commits: int  # of those, how many the stage must commit (in query order, nothing taken back) for the plan to
+    # hold: all of a verification's; none of a revision's (its re-score runs are never cached)
+
+
+@dataclass(frozen=True)
+class AheadQuery(StageQuery):
+    """A wrapped stage's query with the next plan's masks riding along (the wrapped unit reads it as its own)."""
+
+    lookahead: Lookahead | None = None
+
+
 class PlanAhead(StageUnit):
-    """`wrapped` (a verification or the revision unit), with the next plan (`plan`, the PLAN unit) riding along its
-    forwards."""
+    """`wrapped` (a verification or the revision unit), with the next plan riding along its forwards, examined and
+    decided by `plan`: the unit serving PLAN (stages.py passes the registry's)."""
 
     def __init__(self, wrapped: StageUnit, plan: StageUnit):
         self.wrapped, self.plan, self.stage = wrapped, plan, wrapped.stage
@@ -52,16 +72,16 @@ class PlanAhead(StageUnit):
     def parts(
         self, state: SequenceState, fed: StageQuery, row: int, logits: torch.Tensor, into: RowExamination
     ) -> list[ExaminedPart]:
-        lookahead = fed.lookahead
-        if lookahead is None:
+        if type(fed) is not AheadQuery:
             return self.wrapped.parts(state, fed, row, logits, into)
+        lookahead = fed.lookahead
         own, num_scored = lookahead.after, fed.query.num_scored
         parts = [ExaminedPart(state, fed, self.wrapped, row, 0, own)]
         # The plan that rode along is examined now when that costs nothing but compute (greedy); sampled drafts
         # would consume the random generator even when the plan is then discarded, so a sampled plan is drawn in
         # `advance`, only once it is known to hold (one more host read, for that row).
         if state.policy.samples:
-            into.extra_logits = logits[row, own:num_scored]
+            into.deferred = logits[row, own:num_scored]
         else:
             parts.append(ExaminedPart(state, fed, self.plan, row, own, num_scored - own, lookahead.slots, True))
         return parts
@@ -69,8 +89,10 @@ class PlanAhead(StageUnit):
     def advance(self, state: SequenceState, fed: StageQuery, examination: RowExamination) -> Kept:
         kept = self.wrapped.advance(state, fed, examination)
         if plan_holds(state, fed, kept):
-            if examination.extra_logits is not None:  # sampled: drawn now that it holds
-                read, payloads = examine_plans([state], examination.extra_logits[None], [state.pool])
+            if examination.deferred is not None:  # sampled: drawn now that it holds
+                logits = examination.deferred
+                part = ExaminedPart(state, fed, self.plan, 0, 0, logits.shape[0], state.pool, True)
+                read, payloads = self.plan.examine([part], logits[None])
                 payload, values = payloads[0], read[0].tolist()
             else:
                 payload, values = examination.extra_payload, examination.extra_values
@@ -134,16 +156,17 @@ def with_lookahead(state: SequenceState, fed: StageQuery) -> StageQuery:
         pending_view=view,
         hidden=hidden,
     )
-    return StageQuery(ahead, fed.layout, Lookahead(slots, after=q, commits=0 if revising else q))
+    return AheadQuery(ahead, fed.layout, Lookahead(slots, after=q, commits=0 if revising else q))
 
 
 def plan_holds(state: SequenceState, fed: StageQuery, kept: Kept) -> bool:
     """Whether the plan that rode along `fed` is the next plan: the stage committed what the plan assumed and took
     nothing back, and the pool is the one the plan assumed (then the state is at PLAN)."""
+    if type(fed) is not AheadQuery:
+        return False
     lookahead = fed.lookahead
     return (
-        lookahead is not None
-        and kept.committed == lookahead.commits
+        kept.committed == lookahead.commits
         and kept.invalidate_from is None
         and state.pool == lookahead.slots
         and state.stage is Stage.PLAN

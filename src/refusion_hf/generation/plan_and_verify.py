@@ -80,7 +80,9 @@ class PlanStage(StageUnit):
         return StageQuery(_with_context(state, tokens, state.slot_positions(state.pool)))
 
     def examine(self, parts: list[ExaminedPart], logits: torch.Tensor):
-        pools = [part.state.pool if part.pool is None else part.pool for part in parts]  # a plan riding along: its own
+        pools = [
+            part.state.pool if part.slots is None else part.slots for part in parts
+        ]  # a plan riding along: its own
         return examine_plans([part.state for part in parts], logits, pools)
 
     def decide(self, state: SequenceState, fed: StageQuery | None, payload: PlanDrafts, values: list[int]) -> Choose:

@@ -26,7 +26,7 @@ import copy
 import warnings
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, GenerationMixin, StoppingCriteria, StoppingCriteriaList
 
 from .._compat.transformers import (
     prepare_generated_length,
@@ -39,6 +39,8 @@ from .._compat.transformers import (
 from .batch_scheduler import decode_batch
 from .draft_policy import DraftPolicy
 from .generate_arguments import (
+    GENERATE_SIGNATURE,
+    bound_arguments,
     check_generation_config,
     check_left_padding,
     check_token_ids,
@@ -54,60 +56,38 @@ from .refusion_generation_config import (
     preset_settings,
 )
 from .sequence_state import DecodingSettings, SequenceState
+from .stock_fields import STOCK_ARGUMENTS
 
 DEFAULT_BATCH_ROWS = 16  # `generate_batch`: requests decoded at once unless `max_requests_per_batch` says
 
 
-# Stock generate's named arguments between `generation_config` and `custom_generate` (all None by default).
-STOCK_ARGUMENTS = (
-    "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus", "assistant_model", "streamer",
-    "negative_prompt_ids", "negative_prompt_attention_mask",
-)  # fmt: skip
+def refusion_generate(model, *args, **kwargs):
+    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments. Its
+    signature is stock `GenerationMixin.generate`'s (`GENERATE_SIGNATURE`, from the declaration of stock generate's
+    named arguments: `stock_fields.STOCK_ARGUMENTS`)."""
+    call = bound_arguments(GENERATE_SIGNATURE, (model, *args), kwargs)
+    stock_arguments = {name: call[name] for name in STOCK_ARGUMENTS}
+    inputs, generation_config = call["inputs"], call["generation_config"]
+    return generate_steps(model, inputs, generation_config, stock_arguments, call["custom_generate"], call["kwargs"])
 
 
-def refusion_generate(
-    model,
-    inputs: torch.LongTensor | None = None,
-    generation_config: GenerationConfig | None = None,
-    logits_processor: LogitsProcessorList | None = None,
-    stopping_criteria: StoppingCriteriaList | None = None,
-    prefix_allowed_tokens_fn=None,
-    synced_gpus: bool | None = None,
-    assistant_model=None,
-    streamer=None,
-    negative_prompt_ids: torch.Tensor | None = None,
-    negative_prompt_attention_mask: torch.Tensor | None = None,
-    custom_generate=None,
-    **kwargs,
+refusion_generate.__signature__ = GENERATE_SIGNATURE
+
+
+def generate_steps(
+    model, inputs, generation_config, stock_arguments: dict, custom_generate, kwargs: dict, merged=None, **batching
 ):
-    """`model.generate(...)` with ReFusion decoding; see `RefusionGenerationMixin.generate` for the arguments."""
-    stock_arguments = dict(
-        logits_processor=logits_processor,
-        stopping_criteria=stopping_criteria,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-        synced_gpus=synced_gpus,
-        assistant_model=assistant_model,
-        streamer=streamer,
-        negative_prompt_ids=negative_prompt_ids,
-        negative_prompt_attention_mask=negative_prompt_attention_mask,
-    )
-    return generate_steps(model, inputs, generation_config, stock_arguments, custom_generate, kwargs)
-
-
-def generate_steps(model, inputs, generation_config, stock_arguments: dict, custom_generate, kwargs: dict, **batching):
     """`refusion_generate` in numbered steps, as `GenerationMixin.generate`. `stock_arguments`: its `STOCK_ARGUMENTS`;
-    `kwargs`: the rest. `batching`: `decode_batch`'s `max_rows` / `on_finish`, for `refusion_generate_batch`."""
+    `kwargs`: the rest. `merged`: the config and model keyword arguments `merged_config` already gave (for
+    `refusion_generate_batch`, which merges once), and `batching`: `decode_batch`'s `max_rows` / `on_finish`."""
     # 1. The decoding method, decided once (stock generate's step 0 loads `custom_generate` the same way): stock
     #    generate makes the whole call for `custom_generate=`, for `decoding="autoregressive"` and for drafts asked of
     #    this model by stock assisted decoding (`is_assistant`: it scores them token by token, so they are drafted
     #    left to right).
-    config = model_kwargs = None
-    assisting = getattr(generation_config, "is_assistant", False)
-    if custom_generate is None:
-        check_generation_config(generation_config)
-        kwargs.pop("trust_remote_code", None)  # only meaningful with `custom_generate`, as in stock generate
-        if not assisting:  # the generation config, merged as stock generate merges it
-            config, model_kwargs = merge_generation_config(model, generation_config, kwargs)
+    if merged is None and custom_generate is None:
+        assisting = getattr(generation_config, "is_assistant", False)
+        merged = merged_config(model, generation_config, kwargs, assisting)
+    config, model_kwargs = merged or (None, None)
     if config is None or config.decoding == "autoregressive":
         stock_arguments = dict(generation_config=generation_config, custom_generate=custom_generate, **stock_arguments)
         return stock_generate(model, inputs, stock_arguments, kwargs, config, model_kwargs)
@@ -173,15 +153,23 @@ def stock_generate(model, inputs, stock_arguments: dict, kwargs: dict, config, m
     input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
     attention_mask = model_kwargs.pop("attention_mask", None)
     check_token_ids(input_ids, attention_mask, config, model.get_input_embeddings().num_embeddings)
-    dropped = (*REFUSION_FIELDS, "preset", "input_ids", "attention_mask")
-    stock_kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
-    if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:  # a preset's length applies to both
-        stock_kwargs["max_new_tokens"] = preset_settings(kwargs["preset"])["max_new_tokens"]
-    if callers_length_wins(stock_arguments["generation_config"], stock_kwargs):
-        stock_kwargs["max_new_tokens"] = None  # as in ReFusion decoding (merge_generation_config)
+    stock_kwargs = stock_keywords(stock_arguments["generation_config"], kwargs, "input_ids", "attention_mask")
     if attention_mask is not None:
         stock_kwargs["attention_mask"] = attention_mask
     return GenerationMixin.generate(model, input_ids, **stock_arguments, **stock_kwargs)
+
+
+def stock_keywords(generation_config, kwargs: dict, *dropped: str) -> dict:
+    """The keyword arguments stock `generate` (or `generate_batch`) gets for `decoding="autoregressive"`: ReFusion's
+    knobs, `preset` and `dropped` left out (they mean nothing to left-to-right decoding), a preset's length kept
+    (it applies to both), and the caller's `max_length` winning over the checkpoint's `max_new_tokens`, as in
+    ReFusion decoding (`merge_generation_config`)."""
+    stock_kwargs = {k: v for k, v in kwargs.items() if k not in (*REFUSION_FIELDS, "preset", *dropped)}
+    if kwargs.get("preset") is not None and "max_new_tokens" not in kwargs:
+        stock_kwargs["max_new_tokens"] = preset_settings(kwargs["preset"])["max_new_tokens"]
+    if callers_length_wins(generation_config, stock_kwargs):
+        stock_kwargs["max_new_tokens"] = None
+    return stock_kwargs
 
 
 def bos_prompts(model, config, model_kwargs: dict, attention_mask) -> torch.LongTensor:
@@ -231,6 +219,16 @@ def generation_output(config, input_ids: torch.LongTensor, result) -> torch.Long
 
 
 # ----------------------------------------------------------------------------------------------- preparation
+def merged_config(model, generation_config, kwargs: dict, assisting: bool = False):
+    """Step 1's checks and merge, shared by `generate` and `generate_batch`: `generation_config` must be a
+    `GenerationConfig` (or None), `trust_remote_code` is dropped from `kwargs` (it only means something with
+    `custom_generate`, as in stock generate), and the config is merged (`merge_generation_config`); None when
+    `assisting` (stock assisted decoding's drafts: stock generate makes that call as given)."""
+    check_generation_config(generation_config)
+    kwargs.pop("trust_remote_code", None)
+    return None if assisting else merge_generation_config(model, generation_config, kwargs)
+
+
 def merge_generation_config(model, generation_config, kwargs: dict) -> tuple[RefusionGenerationConfig, dict]:
     """Stock `GenerationMixin._prepare_generation_config`'s merge, into a `RefusionGenerationConfig`: the passed
     config (copied), then the model's generation config for every field still unset, then the defaults, then the

@@ -3,7 +3,8 @@
 Each ReFusion knob is declared once, as a `DecodingKnob` in `KNOBS` (its type, default, value range and help, as
 TRL's configs declare theirs with `dataclasses.field(metadata={"help": ...})`). Everything else is derived from
 that declaration: the config's attributes (`__init__`), its defaults (`_get_default_generation_params`), the type
-and range checks (`check_argument_types`, `validate`), the knobs' section of the class docstring, the decoder's
+and range checks (`check_argument_types`, `validate`: `stock_fields.ArgumentValues`, the one check of knobs and
+stock fields alike), the knobs' section of the class docstring, the decoder's
 `DecodingSettings` (its fields, and their values: `decoding_knob_values`), the commands' flags
 (`command_inputs.add_decoding_arguments`) and the model card's table (`hub_card.card`). Adding a knob is adding
 one `DecodingKnob`. Of the stock fields, the config declares only which ReFusion decoding honours (the whitelist
@@ -18,7 +19,6 @@ Part of the remote-code bundle: standard library, torch and transformers imports
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
@@ -29,7 +29,7 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from .._compat.transformers import original_object_hash, set_original_object_hash, stock_default_generation_params
-from .stock_fields import HONOURED_FIELDS, NEVER_ID, check_stock_types, is_int, is_number, stock_value_error
+from .stock_fields import HONOURED_FIELDS, NEVER_ID, STOCK_FIELDS, TOKEN_ID, ArgumentValues
 
 # Tokens per serial block when `block_size` is unset: inside the 32-128 range the paper reports as robust
 # (appendix C.7), and fixed, so a step's cost does not grow with `max_new_tokens`.
@@ -37,7 +37,7 @@ DEFAULT_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
-class DecodingKnob:
+class DecodingKnob(ArgumentValues):
     """The one declaration of a ReFusion generation-config field. Like a stock field it is None (unset) until the
     call, the passed config, the model's generation config or `default` gives it a value.
 
@@ -63,53 +63,22 @@ class DecodingKnob:
     in_settings: bool = True
     resolve_unset: Callable[[GenerationConfig], Any] | None = None
 
-    def type_error(self, value, lowest_id: int = 0) -> str | None:
-        """What a value of the right type is, when `value` (not None) is not one: "an integer", "True or False"..."""
-        if self.token_id:
-            return None if is_int(value) and value >= lowest_id else f"a token id (an integer >= {lowest_id})"
-        if self.choices is not None:
-            return None if isinstance(value, str) else f"one of {self.choices}"
-        if self.type is bool:
-            return None if isinstance(value, bool) else "True or False"
-        if self.type is int:
-            return None if is_int(value) else "an integer"
-        if self.type is float:
-            if not is_number(value):
-                return "a number"
-            return "a number, not NaN" if math.isnan(value) else None
-        return None if isinstance(value, str) else "a string"
-
-    def range_text(self) -> str | None:
-        """The allowed range in words ("an integer >= 1", "a number in (0, 1]"), None when any value is allowed."""
-        noun = "an integer" if self.type is int else "a number"
-        if self.low is not None and self.high is not None:
-            return f"{noun} in {'(' if self.low_open else '['}{self.low}, {self.high}]"
-        if self.low is not None:
-            return f"{noun} {'>' if self.low_open else '>='} {self.low}"
-        if self.high is not None:
-            return f"{noun} <= {self.high}"
-        return None
-
-    def in_range(self, value) -> bool:
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        return above and (self.high is None or value <= self.high)
+    @property
+    def value_kind(self) -> Any:
+        """The kind `ArgumentValues` checks: `TOKEN_ID` for a token id, else `type`."""
+        return TOKEN_ID if self.token_id else self.type
 
     def value_error(self, config: GenerationConfig) -> str | None:
-        """The `ValueError` message when the config's value (of the right type) is outside the knob's range."""
+        """The `ValueError` message when the config's value (of the right type) is not a multiple of the knob it must
+        be a multiple of, not among the choices or outside the range (`ArgumentValues.range_error`)."""
         value = getattr(config, self.name, None)
-        if value is None:
-            return None
-        if self.choices is not None and value not in self.choices:
-            return f"`{self.name}` must be one of {self.choices}, got {value!r}."
-        if self.multiple_of is not None:
+        if value is not None and self.multiple_of is not None:
             other = getattr(config, self.multiple_of, None)
             if value < 1 or value % (other or 1):
                 unset = "; leave it unset (None) for the default" if self.default is None else ""
                 requirement = f"a positive multiple of `{self.multiple_of}` ({other})"
                 return f"`{self.name}` must be {requirement}, got {value!r}{unset}."
-        if not self.in_range(value):
-            return f"`{self.name}` must be {self.range_text()}, got {value!r}."
-        return None
+        return self.range_error(self.name, value)
 
     def doc_entry(self) -> str:
         """The knob's entry in the class docstring, as transformers documents its fields."""
@@ -332,11 +301,9 @@ class RefusionGenerationConfig(GenerationConfig):
         # Types first: stock validation compares values and would raise `TypeError` on a string or a list.
         check_argument_types(self)
         super().validate(strict=strict, user_set_attributes=user_set_attributes)
-        for knob in KNOBS:
-            message = knob.value_error(self)
-            if message is not None:
-                raise ValueError(message)
-        message = stock_value_error(self)
+        message = next(filter(None, (knob.value_error(self) for knob in KNOBS)), None) or next(
+            filter(None, (field.range_error(name, getattr(self, name, None)) for name, field in _RANGED_STOCK)), None
+        )
         if message is not None:
             raise ValueError(message)
         if self.do_sample and self.temperature is not None and 0 < self.temperature < MIN_SAMPLING_TEMPERATURE:
@@ -372,16 +339,24 @@ def sampling_arguments(temperature: float | None) -> dict[str, Any]:
 MIN_SAMPLING_TEMPERATURE = 1e-4
 
 
+# The declared fields whose values are checked, knobs first: (name, declaration).
+_TYPED = tuple(
+    [(knob.name, knob) for knob in KNOBS]
+    + [(name, field) for name, field in STOCK_FIELDS.items() if field.kind is not None]
+)
+_RANGED_STOCK = tuple((name, field) for name, field in STOCK_FIELDS.items() if field.low is not None)
+
+
 def check_argument_types(config: GenerationConfig) -> None:
     """`ValueError` naming the first knob, then the first stock field (`stock_fields.STOCK_FIELDS`), whose value has
-    the wrong type (None always passes). Token ids are integers >= 0; with `decoding="autoregressive"` special ids
-    may be negative, as stock generate allows."""
+    the wrong type (None always passes; `ArgumentValues.type_error`). Token ids are integers >= 0; with
+    `decoding="autoregressive"` special ids may be negative, as stock generate allows."""
     lowest = NEVER_ID if getattr(config, "decoding", None) == "autoregressive" else 0
-    for knob in KNOBS:
-        value = vars(config).get(knob.name)
-        if value is not None and (expected := knob.type_error(value, lowest)) is not None:
-            raise ValueError(f"`{knob.name}` must be {expected}, got {value!r}.")
-    check_stock_types(config, lowest)
+    get = vars(config).get  # every field is an instance attribute (GenerationConfig.__init__ sets them all)
+    for name, declared in _TYPED:
+        value = get(name)
+        if value is not None and (expected := declared.type_error(value, lowest)) is not None:
+            raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 The whole call is `refusion_generate` (refusion_generate.py), shared with the `custom_generate/generate.py` that
 gives stock Qwen3 models the same decoding, and `generate_batch` is `refusion_generate_batch` (generate_batch.py);
-the algorithm lives in `batch_scheduler.py` and its stages.
+the algorithm lives in `batch_scheduler.py` and its stages. Their signatures are stock `GenerationMixin`'s, derived
+from the declaration of its named arguments (`generate_arguments.GENERATE_SIGNATURE`, `BATCH_SIGNATURE`).
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .generate_arguments import BATCH_SIGNATURE, GENERATE_SIGNATURE, method_signature
 from .generate_batch import refusion_generate_batch
 from .refusion_generate import refusion_generate
 
@@ -19,21 +21,7 @@ class RefusionGenerationMixin:
     """Adds ReFusion's plan-and-infill decoding as `generate()`; place it before the transformers base class."""
 
     @torch.no_grad()
-    def generate(
-        self,
-        inputs: torch.LongTensor | None = None,
-        generation_config=None,
-        logits_processor=None,
-        stopping_criteria=None,
-        prefix_allowed_tokens_fn=None,
-        synced_gpus=None,
-        assistant_model=None,
-        streamer=None,
-        negative_prompt_ids=None,
-        negative_prompt_attention_mask=None,
-        custom_generate=None,
-        **kwargs,
-    ):
+    def generate(self, *args, **kwargs):
         r"""
         Generate with ReFusion's slot-level plan-and-infill decoding (or, with `decoding="autoregressive"`,
         transformers' own decoding with the same weights). The signature and the meaning of every argument are
@@ -60,34 +48,12 @@ class RefusionGenerationMixin:
             `pad_token_id` after each row's end; or a [`RefusionGenerationOutput`] when
             `return_dict_in_generate=True`.
         """
-        return refusion_generate(
-            self,
-            inputs,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-            synced_gpus=synced_gpus,
-            assistant_model=assistant_model,
-            streamer=streamer,
-            negative_prompt_ids=negative_prompt_ids,
-            negative_prompt_attention_mask=negative_prompt_attention_mask,
-            custom_generate=custom_generate,
-            **kwargs,
-        )
+        return refusion_generate(self, *args, **kwargs)
+
+    generate.__signature__ = method_signature(GENERATE_SIGNATURE)
 
     @torch.no_grad()
-    def generate_batch(
-        self,
-        inputs: list[list[int]],
-        generation_config=None,
-        continuous_batching_config=None,
-        record_timestamps: bool = False,
-        progress_bar: bool = False,
-        persistent_manager: bool = False,
-        warmup: bool = True,
-        **kwargs,
-    ):
+    def generate_batch(self, *args, **kwargs):
         r"""
         Continuous batching with ReFusion decoding, behind transformers' `generate_batch` interface: `inputs` is a
         list of prompts (token id lists), the result `{"req_0": GenerationOutput, ...}` in input order
@@ -100,14 +66,6 @@ class RefusionGenerationMixin:
         `return_dict_in_generate`, `custom_generate`). `decoding="autoregressive"` runs transformers' own
         `generate_batch`.
         """
-        return refusion_generate_batch(
-            self,
-            inputs,
-            generation_config=generation_config,
-            continuous_batching_config=continuous_batching_config,
-            record_timestamps=record_timestamps,
-            progress_bar=progress_bar,
-            persistent_manager=persistent_manager,
-            warmup=warmup,
-            **kwargs,
-        )
+        return refusion_generate_batch(self, *args, **kwargs)
+
+    generate_batch.__signature__ = method_signature(BATCH_SIGNATURE)

@@ -38,7 +38,7 @@ INITIAL_CANVAS = 256  # positions the canvas starts with (fewer when it is short
 
 
 class Stage(enum.Enum):
-    """Where a sequence is in its planning iteration; `stages.units` gives the unit serving each (but DONE)."""
+    """Where a sequence is in its planning iteration; `StageRegistry.units` gives the unit serving each (but DONE)."""
 
     PLAN = "plan"  # one forward of the block's undecoded slots (masks): drafts + slot scores; choose slots
     VERIFY = "verify"  # one forward of the chosen drafts in position order: commit whole slots, else infill

@@ -17,9 +17,11 @@ A stage is a `StageUnit` with three methods, called once per forward for every r
 
 `query`, `examine` and `decide` only read the state. Two more methods have defaults that a unit wrapping another
 overrides (plan_ahead.py): `parts` (which runs of its logits which unit examines) and `advance` (the transitions
-applied after the forward: by default its `decide`'s).
+applied after the forward: by default its `decide`'s). Nothing here knows a particular stage: what one unit passes
+between its own halves (plan_ahead.py's lookahead) is its own subclass or payload.
 
-`stages.py` registers the units (`register_stage`) and drives one row through one forward with them. The
+`stages.py` declares which unit serves each stage (`StageRegistry`) and drives one row through one forward with
+them. The
 stages themselves are in `plan_and_verify.py`, `infill.py`, `revision.py` and `plan_ahead.py`; what they share is
 here (tensor helpers, and re-feeding a revised block's tokens before a query: `after_context`).
 
@@ -40,22 +42,11 @@ from .transitions import Kept, Transition
 
 
 @dataclass(frozen=True)
-class Lookahead:
-    """The next plan's masks appended to a wrapped stage's query, and what that plan assumes."""
-
-    slots: list[int]  # the pool the next plan would have
-    after: int  # query tokens before the masks (the wrapped stage's own)
-    commits: int  # of those, how many the stage must commit (in query order, nothing taken back) for the plan to
-    # hold: all of a verification's; none of a revision's (its re-score runs are never cached)
-
-
-@dataclass(frozen=True)
 class StageQuery:
-    """A row's query for one forward, as its stage built it."""
+    """A row's query for one forward, as its stage built it (a wrapping unit may extend it: a subclass)."""
 
     query: Query
     layout: Any = None  # the stage's own description of what it fed (infill: `InfillFeed`), for its `decide`
-    lookahead: Lookahead | None = None  # the next plan riding along (verification and revision stages)
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,7 @@ class ExaminedPart:
     row: int  # in the forward's batch
     start: int
     width: int
-    pool: list[int] | None = None  # a plan riding along: the slots it plans (None: the state's pool)
+    slots: list[int] | None = None  # the slots these logits are of, when not the row's pool (None)
     extra: bool = False  # a second part of the row's logits, examined for a wrapping unit (`RowExamination`)
 
     def group_key(self) -> tuple:
@@ -80,15 +71,15 @@ class ExaminedPart:
 
 @dataclass
 class RowExamination:
-    """What examining one row's logits left for `StageUnit.advance`: the payload and values of its stage's part, and
-    those of an `extra` part a wrapping unit examines (a plan riding along), or its `extra_logits` to examine later
-    (a sampled plan: drawn only if it holds)."""
+    """What examining one row's logits left for `StageUnit.advance`: the payload and values of its stage's part,
+    those of an `extra` part a wrapping unit has examined, and anything else a wrapping unit's `parts` kept for its
+    `advance` (`deferred`: plan_ahead.py keeps a sampled plan's logits, drawn only if the plan holds)."""
 
     payload: object = None
     values: list[int] | None = None
     extra_payload: object = None
     extra_values: list[int] | None = None
-    extra_logits: torch.Tensor | None = None
+    deferred: object = None
 
 
 class StageUnit:

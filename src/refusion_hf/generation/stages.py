@@ -6,10 +6,13 @@ unit says which runs of its logits which unit examines: `StageUnit.parts`) and r
 to the host in ONE transfer; `finish_step` lets the unit advance the row (`StageUnit.advance`: its `decide`'s
 transition, applied by `SequenceState.apply`). Nothing here knows a particular stage.
 
-Which unit serves a stage is registered: `register_stage(stage, make, knob=...)` puts `make(unit below)` over the
-stage's unit for the sequences whose settings have `knob` set (every sequence when `knob` is None). The built-in
-stages register below; planning ahead is `PlanAhead` registered over the two verification stages and REVISE
-under the `plan_ahead` knob. A new decoding mode is a unit in its own module, one `register_stage` call and its knob.
+Which unit serves a stage is declared in a `StageRegistry`, a frozen list of `Registration`s: each puts
+`make(unit below, *units of the stages it uses)` over the stage's unit for the sequences whose settings have its
+`knob` set (every sequence when `knob` is None). The package's registry, `STAGES`, is built once, below; planning
+ahead is `PlanAhead` registered over the two verification stages and REVISE under the `plan_ahead` knob, using
+whatever unit serves PLAN. Nothing changes a registry: `STAGES.with_unit(stage, make, knob=...)` is a new one,
+which `decode_batch(..., stages=registry)` decodes with. A new decoding mode is a unit in its own module, one
+`Registration` in `STAGES` and its knob.
 
 Part of the remote-code bundle: standard library, torch and transformers imports only, plus bundle siblings.
 """
@@ -32,71 +35,77 @@ from .transitions import FORWARDED
 
 @dataclass(frozen=True)
 class Registration:
-    """One registered unit: `make(unit below)` serves `stage` where the settings' `knob` is set (None: always)."""
+    """One registered unit: `make(unit below, *units of `uses`)` serves `stage` where the settings' `knob` is set
+    (None: always). The unit below is what served `stage` before this registration (None for the first): a
+    replacement ignores it, a wrapper delegates to it. `uses`: stages whose units (as the registry resolves them
+    for the same settings) `make` also receives, for a unit that runs another stage's work (`PlanAhead`: PLAN)."""
 
     stage: Stage
-    make: Callable[[StageUnit | None], StageUnit]
+    make: Callable[..., StageUnit]
     knob: str | None = None
+    uses: tuple[Stage, ...] = ()
 
 
-REGISTRY: list[Registration] = []  # in registration order: a later registration wraps (or replaces) an earlier one
-_UNITS: dict[DecodingSettings, dict[Stage, StageUnit]] = {}  # resolved per settings (cleared by `register_stage`)
-_LAST: list = [None, None]  # the settings resolved last, and their units
-MAX_RESOLVED = 64  # settings resolved at once (a server may see many): beyond, the table starts again
+@dataclass(frozen=True)
+class StageRegistry:
+    """Which unit serves each stage, as registrations in order (a later one wraps or replaces an earlier one of its
+    stage). Frozen: `with_unit` returns a new registry; `decode_batch` resolves the one it is given (`units`)
+    once per call."""
 
+    registrations: tuple[Registration, ...] = ()
 
-def register_stage(stage: Stage, make: Callable[[StageUnit | None], StageUnit], knob: str | None = None):
-    """Serve `stage` with `make(unit)`, `unit` being what served it before this registration (None for the first),
-    for every sequence whose `DecodingSettings` field `knob` is set (truthy; None: every sequence; a knob the
-    settings lack is refused when a sequence decodes). A replacement ignores its argument; a wrapper (`PlanAhead`)
-    delegates to it. Returns the registration (for `unregister_stage`)."""
-    registration = Registration(stage, make, knob)
-    REGISTRY.append(registration)
-    _UNITS.clear()
-    _LAST[:] = None, None
-    return registration
+    def with_unit(
+        self, stage: Stage, make: Callable[..., StageUnit], knob: str | None = None, uses: tuple[Stage, ...] = ()
+    ) -> StageRegistry:
+        """This registry with `make` registered last over `stage` (see `Registration`), for the sequences whose
+        `DecodingSettings` field `knob` is set (truthy; None: every sequence; a knob the settings lack is refused
+        when a sequence decodes)."""
+        return StageRegistry((*self.registrations, Registration(stage, make, knob, tuple(uses))))
 
-
-def unregister_stage(registration: Registration) -> None:
-    """Undo `register_stage`."""
-    REGISTRY.remove(registration)
-    _UNITS.clear()
-    _LAST[:] = None, None
-
-
-def units(settings: DecodingSettings) -> dict[Stage, StageUnit]:
-    """The unit serving each stage under `settings` (resolved once per settings)."""
-    last_settings, last = _LAST
-    if settings is last_settings:  # every row of a call shares one settings object: no hashing per step
-        return last
-    resolved = _UNITS.get(settings)
-    if resolved is None:
-        resolved = {}
-        for registration in REGISTRY:
+    def units(self, settings: DecodingSettings) -> dict[Stage, StageUnit]:
+        """The unit serving each stage under `settings`: each stage's registrations applied in order, the stages a
+        registration uses resolved first."""
+        for registration in self.registrations:
             knob = registration.knob
             if knob is not None and not hasattr(settings, knob):
                 raise ValueError(
                     f"a stage is registered under the knob `{knob}`, which the decoding settings lack: declare it "
-                    "as a decoding knob (a `DecodingSettings` field) or unregister the stage."
+                    "as a decoding knob (a `DecodingSettings` field) or leave the registration out of the registry."
                 )
-            if knob is None or getattr(settings, knob):
-                resolved[registration.stage] = registration.make(resolved.get(registration.stage))
-        if len(_UNITS) >= MAX_RESOLVED:
-            _UNITS.clear()
-        _UNITS[settings] = resolved
-    _LAST[:] = settings, resolved
-    return resolved
+        resolved: dict[Stage, StageUnit] = {}
+        resolving: list[Stage] = []
+
+        def resolve(stage: Stage) -> StageUnit | None:
+            if stage in resolved:
+                return resolved[stage]
+            if stage in resolving:
+                raise ValueError(f"stage registrations use each other in a cycle: {[*resolving, stage]}")
+            resolving.append(stage)
+            unit = None
+            for registration in self.registrations:
+                if registration.stage is stage and (registration.knob is None or getattr(settings, registration.knob)):
+                    unit = registration.make(unit, *(resolve(used) for used in registration.uses))
+            resolving.pop()
+            resolved[stage] = unit
+            return unit
+
+        for registration in self.registrations:
+            resolve(registration.stage)
+        return {stage: unit for stage, unit in resolved.items() if unit is not None}
 
 
-_plan = PlanStage()
-register_stage(Stage.PLAN, lambda _: _plan)
-register_stage(Stage.VERIFY, lambda _: VerifyStage())
-register_stage(Stage.INFILL_DRAFT, lambda _: InfillDraftStage())
-register_stage(Stage.INFILL_VERIFY, lambda _: InfillVerifyStage())
-register_stage(Stage.REVISE, lambda _: ReviseStage())
-register_stage(Stage.VERIFY, lambda verify: PlanAhead(verify, _plan), knob="plan_ahead")
-register_stage(Stage.INFILL_VERIFY, lambda verify: PlanAhead(verify, _plan), knob="plan_ahead")
-register_stage(Stage.REVISE, lambda revise: PlanAhead(revise, _plan), knob="plan_ahead")
+# The package's registry (decode_batch's default), built once: the built-in stages, then planning ahead over the
+# stages it rides along.
+STAGES = StageRegistry((
+    Registration(Stage.PLAN, lambda _: PlanStage()),
+    Registration(Stage.VERIFY, lambda _: VerifyStage()),
+    Registration(Stage.INFILL_DRAFT, lambda _: InfillDraftStage()),
+    Registration(Stage.INFILL_VERIFY, lambda _: InfillVerifyStage()),
+    Registration(Stage.REVISE, lambda _: ReviseStage()),
+    Registration(Stage.VERIFY, PlanAhead, knob="plan_ahead", uses=(Stage.PLAN,)),
+    Registration(Stage.INFILL_VERIFY, PlanAhead, knob="plan_ahead", uses=(Stage.PLAN,)),
+    Registration(Stage.REVISE, PlanAhead, knob="plan_ahead", uses=(Stage.PLAN,)),
+))  # fmt: skip
 
 
 @dataclass
@@ -108,8 +117,9 @@ class RowStep:
     fed: StageQuery
 
 
-def begin_step(state: SequenceState) -> RowStep:
-    unit = units(state.settings)[state.stage]
+def begin_step(state: SequenceState, units: dict[Stage, StageUnit]) -> RowStep:
+    """The row's step: the unit serving its stage (`units`: `StageRegistry.units` of its settings) and its query."""
+    unit = units[state.stage]
     return RowStep(state, unit, unit.query(state))
 
 

@@ -35,10 +35,12 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 from safetensors import SafetensorError
 
 from ..checkpoint_identity import weights_sha256
-from ..command_inputs import CommandError, check_checkpoint_folder, first_line, staged_output
+from ..errors import InputError, first_line
 from ..generation.refusion_generation_config import DECODING_KNOBS
+from ..modeling.checkpoint_checks import check_checkpoint_folder
 from ..modeling.configuration_refusion import OFFICIAL_MODEL_TYPE
 from ..modeling.remote_code import CUSTOM_GENERATE_DIR, collect_bundle_modules
+from ..outputs import staged_output
 from .card import (
     DEFAULT_EXAMPLE_PROMPT,
     DEFAULT_LICENSE,
@@ -175,7 +177,7 @@ def _check_checkpoint(folder: Path, flag: str) -> None:
     its parameters fit in memory, a readable generation_config.json), as publish's errors."""
     try:
         check_checkpoint_folder(folder, flag)
-    except CommandError as error:
+    except InputError as error:
         raise CardInputError(str(error)) from None
 
 
@@ -498,7 +500,7 @@ def push_folder(
     """Create `repo_id` if needed (`HfApi.create_repo`) and upload `folder` to it (`HfApi.upload_folder`), deleting
     in the same commit the repository's model files (`MODEL_FILE_PATTERNS`) that the folder does not have. Every
     failure (no token, rejected token, no network...) is one `PushError` message."""
-    from .. import __version__
+    from ..version import __version__
 
     folder = Path(folder)
     check_repo_id(repo_id)

@@ -1,7 +1,7 @@
-"""Where models and prompts come from: the embedded default model's folder, how the commands load a model (`--dtype`,
-one-line errors), and a prompt's token ids through the tokenizer's chat template (the one encoding `refusion
-generate`, training data and the model card share; lm-eval renders its own prompts). transformers does the work
-(`AutoTokenizer`, `from_pretrained`, `apply_chat_template`)."""
+"""Where models and prompts come from: the embedded default model's folder, how the commands load a model (a dtype,
+checks refused as `InputError`s naming the flag that gave the path), and a prompt's token ids through the
+tokenizer's chat template (the one encoding `refusion generate`, training data and the model card share; lm-eval
+renders its own prompts). transformers does the work (`AutoTokenizer`, `from_pretrained`, `apply_chat_template`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from ..command_inputs import CommandError, check_checkpoint_folder, check_tokenizer_files, first_line
+from ..errors import InputError, first_line
+from .checkpoint_checks import check_checkpoint_folder, check_tokenizer_files
 from .remote_code import EMBEDDED_MODEL_RESOURCE
 
 
@@ -49,17 +50,6 @@ def cpu_has_bfloat16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def add_dtype_argument(parser) -> None:
-    """`--dtype` of the commands that load a model with `load_model_and_tokenizer`."""
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPES,
-        help="default: the checkpoint's own (the embedded model is bfloat16; float32 on a CPU without bfloat16 "
-        "instructions)",
-    )
-
-
 def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str = "--model"):
     """The model (eval mode) and tokenizer. `dtype="auto"` keeps the checkpoint's own dtype (the embedded model is
     stored in bfloat16), except that a bfloat16 checkpoint runs in float32 on a CPU without bfloat16 instructions,
@@ -69,7 +59,7 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str
     from .modeling_refusion import RefusionForCausalLM
 
     if dtype not in DTYPES:
-        raise CommandError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
+        raise InputError(f"--dtype must be one of {DTYPES}, got {dtype!r}.")
     source = str(model) if model else str(default_model_path())
     check_checkpoint_folder(source, option, dtype)
     check_tokenizer_files(source, option)
@@ -81,7 +71,7 @@ def load_model_and_tokenizer(model: str | None, dtype: str = "auto", option: str
             source, dtype="auto" if dtype == "auto" else getattr(torch, dtype), trust_remote_code=False
         )
     except (OSError, ValueError, SafetensorError) as error:
-        raise CommandError(f"{option} {source}: the checkpoint does not load ({first_line(error)}).") from None
+        raise InputError(f"{option} {source}: the checkpoint does not load ({first_line(error)}).") from None
     bfloat16_on_cpu = dtype == "auto" and loaded.dtype == torch.bfloat16 and loaded.device.type == "cpu"
     if bfloat16_on_cpu and not cpu_has_bfloat16_instructions():  # /proc/cpuinfo read only when it decides
         print(

@@ -209,13 +209,12 @@ def auto_map_for(config_class: type, model_class: type) -> dict[str, str]:
 
 def write_model_bundle(save_directory: str | Path, config_class: type | None = None, model_class: type | None = None):
     """Everything `save_pretrained` writes besides weights, configs and tokenizer: the flat remote code of the
-    classes (default: `RefusionConfig`, `RefusionForCausalLM`) and `custom_generate/`; returns the paths written."""
-    if config_class is None or model_class is None:
-        from .configuration_refusion import RefusionConfig
-        from .modeling_refusion import RefusionForCausalLM
-
-        config_class, model_class = config_class or RefusionConfig, model_class or RefusionForCausalLM
-    return [*write_remote_code(save_directory, config_class, model_class), *write_custom_generate(save_directory)]
+    classes (default: this package's `RefusionConfig` and `RefusionForCausalLM`, found by module name:
+    `MODEL_BUNDLE_ROOTS`, so this module imports neither) and `custom_generate/`; returns the paths written."""
+    roots = MODEL_BUNDLE_ROOTS if config_class is None and model_class is None else (config_class, model_class)
+    if None in roots:
+        raise ValueError("pass both `config_class` and `model_class`, or neither (this package's classes)")
+    return [*write_remote_code(save_directory, *roots), *write_custom_generate(save_directory)]
 
 
 def write_embedded_bundle(package_directory: str | Path = PACKAGE_SOURCES) -> list[str]:

@@ -11,16 +11,10 @@ import logging
 import os
 import signal
 
-from ..command_inputs import (
-    CommandError,
-    check_checkpoint_folder,
-    check_tokenizer_files,
-    first_line,
-    non_negative_float,
-    positive_int,
-    require_extra,
-)
+from ..command_inputs import CommandError, non_negative_float, positive_int, require_extra
+from ..errors import first_line
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
+from ..modeling.checkpoint_checks import check_checkpoint_folder, check_tokenizer_files
 from ..modeling.loading import DTYPES, default_model_path
 from .prompts import TEMPLATE_MEMORY_BYTES, TEMPLATE_SECONDS  # standard library and jinja2 only
 

@@ -28,17 +28,12 @@ import torch
 from safetensors import SafetensorError
 from transformers import AddedToken, AutoTokenizer
 
-from ..command_inputs import (
-    CommandError,
-    check_checkpoint_folder,
-    check_output_folder,
-    check_tokenizer_files,
-    check_tokenizer_fits,
-    first_line,
-    staged_output,
-)
+from ..command_inputs import CommandError
+from ..errors import first_line
 from ..modeling import RefusionConfig, RefusionForCausalLM
+from ..modeling.checkpoint_checks import check_checkpoint_folder, check_tokenizer_files, check_tokenizer_fits
 from ..modeling.configuration_refusion import OFFICIAL_MODEL_TYPE
+from ..outputs import check_output_folder, staged_output
 
 logger = logging.getLogger(__name__)
 

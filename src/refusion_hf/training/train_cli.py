@@ -28,18 +28,11 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, TrainingArguments, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..command_inputs import (
-    SEED_LIMIT,
-    CommandError,
-    check_checkpoint_folder,
-    check_output_folder,
-    check_tokenizer_files,
-    check_tokenizer_fits,
-    first_line,
-    move_into_place,
-    require_extra,
-)
+from ..command_inputs import SEED_LIMIT, CommandError, require_extra
+from ..errors import first_line
 from ..modeling import RefusionForCausalLM
+from ..modeling.checkpoint_checks import check_checkpoint_folder, check_tokenizer_files, check_tokenizer_fits
+from ..outputs import check_output_folder, move_into_place
 from .arguments import RefusionModelArguments, RefusionTrainingArguments, TrainArgumentParser
 from .data import load_sft_dataset
 from .engines import deepspeed_requested, engine_checkpoint_problem, holds_engine_checkpoint, torch_save_problem

@@ -48,7 +48,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from .._compat.transformers import add_signature_columns, output_dir, save_stock_checkpoint
-from ..command_inputs import first_line
+from ..errors import first_line
 from .arguments import RefusionTrainingArguments
 from .collator import RefusionDataCollator
 from .engines import full_state_dict, holds_engine_checkpoint, use_requested_engine_on_cpu
