@@ -7,8 +7,12 @@ choice `split_attention._scored_attention` makes by device and cache length (`PA
 - packed: the query heads of a group as rows of one head, the mask's rows repeated (`SplitMask.scored_packed`).
 
 Each is the real code path of `split_attention` (its module constants set per way), on random queries, a cache of
-K entries (views of a buffer with room, as `InPlaceLayer` hands them out) and an additive mask; outputs must be
-identical across the three ways (else it exits with status 1). Times are each way's fastest of `--repeats` loops,
+K entries (views of a buffer with room, as `InPlaceLayer` hands them out) and an additive mask. The three ways add
+the same products in different orders (other kernels, other blockings, chosen by the CPU's instruction set: AVX2 or
+AVX-512/AMX), so their outputs agree to within torch.testing's default tolerance for the dtype (float32: 1e-5 absolute
+plus 1.3e-6 relative; up to 9.5e-7 apart measured on an AVX-512/AMX CPU, bit for bit on some AVX2 ones), not bit for
+bit: each row records the largest absolute difference from repeated, and a way outside the tolerance exits with
+status 1. Times are each way's fastest of `--repeats` loops,
 the ways interleaved; ratios are against repeated.
 
     .venv/bin/python benchmarks/grouped_attention.py --out benchmarks/results/grouped_attention.json
@@ -103,8 +107,13 @@ def main() -> None:
                             if repeat:
                                 seconds[way] = min(seconds[way], (time.perf_counter() - start) / loops)
                             outputs[way] = out
-                    if not all(torch.equal(outputs["repeated"], out) for out in outputs.values()):
-                        raise SystemExit(f"{name} {dtype_name} S={s} K={k}: the ways' outputs differ")
+                    for way, out in outputs.items():
+                        try:
+                            torch.testing.assert_close(out, outputs["repeated"])
+                        except AssertionError as error:
+                            raise SystemExit(
+                                f"{name} {dtype_name} S={s} K={k}: {way} differs from repeated: {error}"
+                            ) from None
                     rows.append(
                         {
                             "dtype": dtype_name,
@@ -117,7 +126,11 @@ def main() -> None:
                             "microseconds": {way: round(t * 1e6, 2) for way, t in seconds.items()},
                             "over_repeated": {way: round(t / seconds["repeated"], 3) for way, t in seconds.items()},
                             "copied_entries_per_tensor_when_repeated": heads * k * head_size,
-                            "identical_outputs": True,
+                            "max_abs_difference_from_repeated": {
+                                way: float((out.float() - outputs["repeated"].float()).abs().max())
+                                for way, out in outputs.items()
+                            },
+                            "outputs_within_tolerance": True,  # torch.testing.assert_close's default for the dtype
                         }
                     )
                     print(f"{dtype_name} {name} S={s} K={k}: {rows[-1]['over_repeated']}", file=sys.stderr)

@@ -204,9 +204,12 @@ def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
         assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)
 
 
-def test_grouped_attention_times_the_three_ways_on_identical_outputs(tmp_path):
+def test_grouped_attention_times_the_three_ways_on_matching_outputs(tmp_path):
     """The masked-rows microbenchmark at a tiny size: every way (repeated, grouped, packed) on both head layouts,
-    each row's outputs identical across the ways (else the script exits 1), and decoding's own choice recorded."""
+    and decoding's own choice recorded. The ways add the same products in different orders (kernels chosen by the
+    CPU: AVX2, AVX-512/AMX), so outputs agree at a stated tolerance, not bit for bit: torch.testing's float32 default
+    (1e-5 absolute plus 1.3e-6 relative; the script exits 1 outside it), and here at most 1e-5 from repeated (9.5e-7
+    measured on an AVX-512/AMX CPU at Qwen3-8B's heads)."""
     out = tmp_path / "grouped_attention.json"
     command = [sys.executable, "grouped_attention.py", "--queries", "4", "--cache", "16,64", "--dtypes", "float32",
                "--repeats", "1", "--out", str(out)]  # fmt: skip
@@ -219,7 +222,9 @@ def test_grouped_attention_times_the_three_ways_on_identical_outputs(tmp_path):
         ("embedded", 16), ("embedded", 64), ("qwen3-8b", 16), ("qwen3-8b", 64)
     ]  # fmt: skip
     for row in rows:
-        assert row["identical_outputs"] and set(row["microseconds"]) == {"repeated", "grouped", "packed"}
+        assert row["outputs_within_tolerance"] and set(row["microseconds"]) == {"repeated", "grouped", "packed"}
+        assert row["max_abs_difference_from_repeated"]["repeated"] == 0.0
+        assert all(0 <= gap <= 1e-5 for gap in row["max_abs_difference_from_repeated"].values())
         assert row["over_repeated"]["repeated"] == 1.0 and all(t > 0 for t in row["microseconds"].values())
 
 
