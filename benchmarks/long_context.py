@@ -217,7 +217,7 @@ def main() -> None:
         print(json.dumps(measure_one(args.one, args.lengths[0], args.batch_sizes[0], dtypes[0], args)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
-    from generate_ab import extract_baseline, git
+    from decoding_speed import extract_baseline, git
     from results_file import write_results
 
     head, load_before = git("rev-parse", "--short", "HEAD"), os.getloadavg()

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from long_context import SHAPE, current_rss_bytes, median_run, peak_rss_bytes, positive_int
 from results_file import write_results
-from serve_concurrency import start_server
+from serve_load import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 WAYS = ("stock", "refusion", "serve", "serve_default_arenas")
@@ -180,7 +180,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure_generate(args.one, Path(args.folder), args.lengths[0], args.max_new_tokens)))
         return
-    from generate_ab import git
+    from decoding_speed import git
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -1,6 +1,6 @@
 """`refusion serve` under a bounded load of well-behaved and abusive clients, with checks (exit status 1 if any fails).
 
-The real command runs in a subprocess on 127.0.0.1 (`serve_concurrency.start_server`: the embedded model, a small
+The real command runs in a subprocess on 127.0.0.1 (`start_server`: the embedded model, a small
 `--max-model-len`, an `--api-key`). First this process loads the same model (`load_model_and_tokenizer`) and
 computes `generate()`'s greedy answer to each question (synthetic test questions through the tokenizer's chat
 template, `--max-tokens` new tokens). Then, all at once on one asyncio loop: `--clients` well-behaved clients
@@ -29,6 +29,7 @@ import asyncio
 import collections
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -37,7 +38,6 @@ import time
 import httpx2
 import openai
 from results_file import write_results
-from serve_concurrency import positive, start_server
 
 from refusion_hf.evaluation.synthetic_tasks import generate_problems
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
@@ -55,6 +55,46 @@ EXPECTED = {
     "wrong_type": (400, 499),
     "wrong_key": (401, 401),
 }
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(
+    model: str,
+    dtype: str,
+    flags: list[str],
+    threads: int | None,
+    timeout: float = 180,
+    api_key: str = "-",
+    env: dict[str, str] | None = None,
+):
+    """`refusion serve` in a subprocess; returns (process, client, served model name) once it answers (the client
+    sends `api_key`: the one `flags` give with `--api-key`, if any; `env`: more environment variables)."""
+    port = free_port()
+    command = [sys.executable, "-m", "refusion_hf.cli", "serve", model, "--port", str(port), "--dtype", dtype, *flags]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **(env or {})}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, timeout=600, max_retries=0)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return process, client, client.models.list().data[0].id
+        except openai.APIConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"refusion serve did not start: {process.communicate()[1][-2000:]}") from None
+            time.sleep(0.2)
 
 
 def schedule(requests: int, abusive_share: float) -> list[str]:

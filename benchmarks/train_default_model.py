@@ -74,6 +74,7 @@ import time
 from pathlib import Path
 
 import torch
+from results_file import write_results
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -605,8 +606,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--install",
         action="store_true",
-        help="copy the ReFusion model into the package and the AR baseline to benchmarks/models/ar_baseline",
+        help="copy the ReFusion model into the package and the AR baseline to benchmarks/models/ar_baseline, and "
+        "write the stage times to --results",
     )
+    parser.add_argument("--results", default=None, help="with --install (default: benchmarks/results/recipe_run.json)")
     parser.add_argument(
         "--decoding",
         default=json.dumps(
@@ -624,6 +627,7 @@ def main(argv: list[str] | None = None) -> None:
         help="JSON of decoding defaults written into the installed model",
     )
     args = parser.parse_args(argv)
+    args.results = str(ROOT / "benchmarks" / "results" / "recipe_run.json") if args.results is None else args.results
     if args.stop_after and args.more_steps:  # the second phase comes after every first-phase stage
         parser.error(
             f"--stop-after {args.stop_after} stops before the second phase that --more-steps asks for: drop one "
@@ -676,6 +680,10 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("--install needs both branches: run without --branch (finished stages are reused)")
         install(trained["refusion"], json.loads(args.decoding))
         install_baseline(trained["ar"])
+        report = json.loads((work / "timings.json").read_text())  # every stage's time, reused ones included
+        stages = [{"stage": name, "minutes": minutes} for name, minutes in report["minutes"].items()]
+        command = [__file__, *(sys.argv[1:] if argv is None else argv)]
+        write_results({"total_minutes": report["total_minutes"], "stages": stages, **report}, args.results, command)
 
 
 if __name__ == "__main__":

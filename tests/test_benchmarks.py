@@ -31,32 +31,12 @@ def test_gpu_readiness_runs_end_to_end_at_the_tiny_shape(tmp_path):
     assert forced == {256: 2, 1024: 2}  # every draft accepted: one plan and one verification for the 32 tokens
 
 
-def test_decoder_profile_runs_end_to_end_on_a_few_prompts(tmp_path):
-    """The decoder-overhead and batch-scaling benchmark at a tiny size: every figure it reports is there and sane,
-    and continuous batching gives the same answers as fixed batches."""
-    out = tmp_path / "decoder_profile.json"
-    command = [sys.executable, "decoder_profile.py", "--prompts", "2", "--stream", "3", "--batch-sizes", "1,2",
-               "--repeats", "1", "--skip-wide", "--out", str(out)]  # fmt: skip
-    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    results = json.loads(out.read_text())
-    for dtype in ("bfloat16", "float32"):
-        for batch in ("1", "2"):
-            refusion = results["embedded"][dtype][batch]["refusion"]
-            assert 0 <= refusion["outside_forward_share"] < 1 and refusion["host_reads_per_forward"] > 0
-            assert 0 <= refusion["padding_share"] < 1 and 1 <= refusion["rows_active_per_forward"] <= int(batch)
-        stream = results["continuous_batching"][dtype]["2"]
-        assert stream["prompts"] == 3 and stream["continuous"]["rows_active_per_forward"] <= 2
-    # float32 is batch-invariant (bfloat16 may flip a near tie when the batch's composition changes)
-    assert results["continuous_batching"]["float32"]["2"]["same_answers"] == 3
-
-
-def test_generate_ab_compares_against_a_commit_in_fresh_processes(tmp_path):
+def test_decoding_speed_compares_against_a_commit_in_fresh_processes(tmp_path):
     """The A/B of this checkout's `generate()` against a commit's (here HEAD's, the one commit a clone surely has):
     each side's worker imports its own package and loads this checkout's weights with it, tokens and forward passes
     agree, setup times are reported."""
     out = tmp_path / "generate_ab.json"
-    command = [sys.executable, "generate_ab.py", "--baseline", "HEAD", "--rounds", "1", "--runs", "float32:1,2",
+    command = [sys.executable, "decoding_speed.py", "--baseline", "HEAD", "--rounds", "1", "--runs", "float32:1,2",
                "--prompts", "2", "--repeats", "1", "--max-new-tokens", "8", "--out", str(out)]  # fmt: skip
     completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
@@ -67,7 +47,8 @@ def test_generate_ab_compares_against_a_commit_in_fresh_processes(tmp_path):
     assert results["weights"] == "current" and results["model_paths"] == {"baseline": weights, "current": weights}
     assert [(row["dtype"], row["batch_size"]) for row in results["rows"]] == [("float32", 1), ("float32", 2)]
     for row in results["rows"]:
-        assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
+        assert row["same_tokens_and_forward_passes"] and row["forward_passes"]["current"] > 0
+        assert row["forward_passes"]["current"] == row["forward_passes"]["baseline"]
         assert row["current_over_baseline_wall_time"] > 0
         for side in ("baseline", "current"):
             setup = row["setup_ms_per_call_best_of_rounds"][side]
@@ -187,94 +168,52 @@ def test_remasking_refuses_thresholds_where_the_decoder_cannot_revise(monkeypatc
     assert exit_info.value.code == 2 and "no remask_threshold knob yet" in capsys.readouterr().err
 
 
-def test_generate_ab_interleaved_runs_both_decoders_in_one_process(tmp_path):
-    """The in-process A/B at a tiny size, against this checkout's own HEAD: both sides decode the same tokens with the
-    same forward passes, and every figure is reported."""
-    out = tmp_path / "generate_ab_interleaved.json"
-    command = [sys.executable, "generate_ab_interleaved.py", "--baseline", "HEAD", "--runs", "float32:1,2",
-               "--prompts", "2", "--repeats", "1", "--max-new-tokens", "16", "--out", str(out),
-               "--generate-kwargs", '{"remask_threshold": null}']  # fmt: skip
-    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    assert json.loads(out.read_text())["generate_kwargs"] == {"remask_threshold": None}
-    rows = json.loads(out.read_text())["rows"]
-    assert [(row["dtype"], row["batch_size"]) for row in rows] == [("float32", 1), ("float32", 2)]
-    for row in rows:
-        assert row["same_tokens_and_forward_passes"] and row["forward_passes"] > 0
-        assert row["current_over_baseline_wall_time"] > 0 and row["goal_at_most"] in (0.95, None)
-
-
-def test_grouped_attention_times_the_three_ways_on_identical_outputs(tmp_path):
-    """The masked-rows microbenchmark at a tiny size: every way (repeated, grouped, packed) on both head layouts,
-    each row's outputs identical across the ways (else the script exits 1), and decoding's own choice recorded."""
-    out = tmp_path / "grouped_attention.json"
-    command = [sys.executable, "grouped_attention.py", "--queries", "4", "--cache", "16,64", "--dtypes", "float32",
-               "--repeats", "1", "--out", str(out)]  # fmt: skip
-    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    results = json.loads(out.read_text())
-    assert results["split_attention_defaults"] == {"pack_from": 2**20, "grouped_sdpa_devices": ["cpu"]}
-    rows = results["rows"]
-    assert [(row["heads"], row["cached_entries"]) for row in rows] == [
-        ("embedded", 16), ("embedded", 64), ("qwen3-8b", 16), ("qwen3-8b", 64)
-    ]  # fmt: skip
-    for row in rows:
-        assert row["identical_outputs"] and set(row["microseconds"]) == {"repeated", "grouped", "packed"}
-        assert row["over_repeated"]["repeated"] == 1.0 and all(t > 0 for t in row["microseconds"].values())
-
-
-@pytest.mark.parametrize(
-    "arguments, message",
-    [(["--repeats", "0"], "'0' is not an integer >= 1"), (["--cache", "75,x"], "--cache"),
-     (["--dtypes", "float32,int8"], "int8: not float32")],
-)  # fmt: skip
-def test_grouped_attention_refuses_bad_flags_by_name(arguments, message, tmp_path):
-    completed = subprocess.run([sys.executable, "grouped_attention.py", *arguments, "--out", str(tmp_path / "x.json")],
-                               cwd=BENCHMARKS, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert completed.returncode == 2 and message in completed.stderr and not (tmp_path / "x.json").exists()
-
-
-def test_generate_ab_interleaved_overhead_model_is_the_embedded_architecture_shrunk(tmp_path):
-    """`--model overhead`: a random model of the embedded model's class, vocabulary, dtype and generation config at
-    `OVERHEAD_SHAPE`, the same weights on every build; the A/B runs on it (and says so in its JSON)."""
-    import torch
-
-    from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
-
-    ab = _import_benchmark("generate_ab_interleaved")
-    embedded, _ = load_model_and_tokenizer(str(default_model_path()), dtype="bfloat16")
-    model, again = ab.overhead_bound_model(embedded), ab.overhead_bound_model(embedded)
-    assert type(model) is type(embedded) and model.dtype == torch.bfloat16 and not model.training
-    assert {name: getattr(model.config, name) for name in ab.OVERHEAD_SHAPE} == ab.OVERHEAD_SHAPE
-    assert model.config.vocab_size == embedded.config.vocab_size
-    assert model.generation_config.to_dict() == embedded.generation_config.to_dict()
-    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in embedded.parameters()) / 10
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
-    out = tmp_path / "overhead.json"
-    command = [sys.executable, "generate_ab_interleaved.py", "--baseline", "HEAD", "--model", "overhead",
-               "--runs", "float32:1", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
-               "--out", str(out)]  # fmt: skip
-    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    results = json.loads(out.read_text())
-    assert results["model"]["shape"] == ab.OVERHEAD_SHAPE and results["rows"][0]["same_tokens_and_forward_passes"]
-    assert results["rows"][0]["model_parameters"] == sum(p.numel() for p in model.parameters())  # the one decoded
-
-
-@pytest.mark.parametrize("script", ["generate_ab.py", "generate_ab_interleaved.py"])
-def test_generate_ab_passes_its_generate_kwargs_to_generate(script, tmp_path):
+def test_decoding_speed_passes_its_generate_kwargs_to_generate(tmp_path):
     """`--generate-kwargs` reaches `generate()` (a knob value it refuses makes the A/B fail, naming the knob; which
     side fails first is not observed), and anything but a JSON object is refused by the argument parser."""
-    command = [sys.executable, script, "--baseline", "HEAD", "--runs", "float32:1", "--prompts", "1", "--repeats", "1",
-               "--max-new-tokens", "4", "--out", str(tmp_path / "ab.json"), "--generate-kwargs"]  # fmt: skip
-    if script == "generate_ab.py":
-        command[-1:-1] = ["--rounds", "1"]
+    command = [sys.executable, "decoding_speed.py", "--baseline", "HEAD", "--runs", "float32:1", "--prompts", "1",
+               "--repeats", "1", "--rounds", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "ab.json"),
+               "--generate-kwargs"]  # fmt: skip
     completed = subprocess.run([*command, '{"slot_size": -1}'], cwd=BENCHMARKS, capture_output=True, text=True,
                                timeout=300)  # fmt: skip
     assert completed.returncode != 0 and "`slot_size`" in completed.stderr
     refused = subprocess.run([*command, "[1]"], cwd=BENCHMARKS, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "not a JSON object" in refused.stderr
     assert not (tmp_path / "ab.json").exists()
+
+
+def test_decoding_speed_against_autoregressive_decoding_of_the_same_weights(tmp_path):
+    """`--baseline autoregressive`: both sides this checkout, the baseline's generate() with
+    decoding="autoregressive"; each side's forward passes reported (autoregressive: one per token), no goal."""
+    out = tmp_path / "ar.json"
+    command = [sys.executable, "decoding_speed.py", "--baseline", "autoregressive", "--rounds", "1", "--runs",
+               "float32:1", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["baseline_generate_kwargs"] == {"decoding": "autoregressive"}
+    (row,) = results["rows"]
+    assert row["goal_at_most"] is None and not row["same_tokens_and_forward_passes"]
+    assert 0 < row["forward_passes"]["current"] <= row["forward_passes"]["baseline"] <= 8
+    assert row["current_over_baseline_wall_time"] > 0
+
+
+def test_decoding_speed_counts_forward_passes_against_the_authors_decoder(tmp_path):
+    """`--baseline authors` on the first golden cases: the authors' counts are the cases' own, ours never more
+    without planning ahead (tests/generation/test_oracle.py holds each case), fewer or equal with it."""
+    out = tmp_path / "authors.json"
+    command = [sys.executable, "decoding_speed.py", "--baseline", "authors", "--cases", "3", "--out", str(out)]
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    cases = (BENCHMARKS.parent / "tests" / "data" / "oracle_cases.jsonl").read_text().splitlines()[:3]
+    authors = sum(json.loads(line)["forward_calls"] for line in cases)
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["plan_ahead"] for row in rows] == [False, True]
+    for row in rows:
+        assert row["cases"] == 3 and row["forward_passes_authors"] == authors
+        assert row["cases_fewer"] + row["cases_equal"] + len(row["cases_more"]) == 3
+        assert row["ours_over_authors"] == round(row["forward_passes_ours"] / authors, 4)
+    assert rows[1]["forward_passes_ours"] <= rows[0]["forward_passes_ours"]
 
 
 def test_serve_load_runs_a_small_load_and_its_checks_can_fail(tmp_path):
@@ -479,7 +418,12 @@ def test_the_recipe_trains_installs_resumes_and_runs_a_second_phase_at_a_tiny_si
     decoding = '{"decoding": "refusion", "slot_size": 8, "block_size": 16, "remask_threshold": 0.05}'
     threads = torch.get_num_threads()
     try:
-        recipe.main(["--work-dir", str(work), *TINY_RECIPE, "--install", "--decoding", decoding])
+        report = tmp_path / "recipe_run.json"
+        recipe.main(["--work-dir", str(work), *TINY_RECIPE, "--install", "--decoding", decoding, "--results",
+                     str(report)])  # fmt: skip
+        written = json.loads(report.read_text())  # the stage times, through the one results writer
+        assert written["provenance"]["command"].startswith("python benchmarks/train_default_model.py --work-dir")
+        assert [row["stage"] for row in written["stages"]] == list(written["minutes"])
         generation = json.loads((installed / "generation_config.json").read_text())
         assert {key: generation[key] for key in json.loads(decoding)} == json.loads(decoding)
         with safe_open(installed / "model.safetensors", "pt") as weights:  # installed in bfloat16
@@ -508,3 +452,78 @@ def test_the_recipe_trains_installs_resumes_and_runs_a_second_phase_at_a_tiny_si
         assert (installed / "model.safetensors").stat().st_mtime == model_mtime  # no --install: left alone
     finally:
         torch.set_num_threads(threads)
+
+
+def test_write_results_records_command_commit_machine_and_date(tmp_path):
+    """The one writer of benchmarks/results/: provenance first (command as run, commit, tree clean, machine with
+    its CPU's vector instruction sets, UTC date), then the figures; a result cannot bring its own provenance."""
+    import subprocess as sp
+
+    results_file = _import_benchmark("results_file")
+    argv = [str(BENCHMARKS / "decoding_speed.py"), "--baseline", "authors", "--out", "x y.json"]
+    path = results_file.write_results({"rows": [{"a": 1}]}, tmp_path / "out.json", argv)
+    data = json.loads(path.read_text())
+    assert list(data) == ["provenance", "rows"] and results_file.provenance_problems(data) == []
+    record = data["provenance"]
+    assert record["command"] == "python benchmarks/decoding_speed.py --baseline authors --out 'x y.json'"
+    head = sp.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True, text=True).stdout.strip()
+    assert record["commit"] == head and isinstance(record["tree_clean"], bool)
+    assert record["machine"]["cpu_count"] >= 1 and "cpu_vector_flags" in record["machine"]
+    with pytest.raises(ValueError, match="provenance"):
+        results_file.write_results({"provenance": {}}, tmp_path / "again.json", argv)
+    for key in results_file.PROVENANCE_KEYS:  # the check names whatever is missing
+        lacking = {"provenance": {k: v for k, v in record.items() if k != key}, "rows": []}
+        assert f"no {key!r}" in results_file.provenance_problems(lacking)
+    assert results_file.provenance_problems({"command": "benchmarks/x.py", "rows": []}) == ["no 'provenance' object"]
+
+
+def test_every_committed_result_records_its_provenance():
+    """Every JSON in benchmarks/results/ was written by `write_results`: command, full commit, tree clean or not,
+    machine, date (a figure whose origin is unknown does not belong there)."""
+    results_file = _import_benchmark("results_file")
+    problems = {}
+    for path in sorted((BENCHMARKS / "results").glob("*.json")):
+        found = results_file.provenance_problems(json.loads(path.read_text()))
+        if found:
+            problems[path.name] = found
+    assert not problems, problems
+
+
+def test_the_results_page_is_rendered_from_the_results_and_names_each_of_them():
+    """benchmarks/README.md is `results_file.render_page()` of the JSONs as committed (a changed JSON without the
+    page rerendered, or a hand edit, fails here), under 300 lines, and every JSON is the current result of one
+    claim on it (a plot beside it at most): no superseded or orphaned file."""
+    results_file = _import_benchmark("results_file")
+    page = (BENCHMARKS / "README.md").read_text()
+    assert page == results_file.render_page(), "rerender it: python benchmarks/results_file.py"
+    assert len(page.splitlines()) < 300
+    claimed = {claim.result for claim in results_file.CLAIMS}
+    assert {path.with_suffix(".json").name for path in (BENCHMARKS / "results").glob("*")} <= claimed  # PNG: its JSON's
+
+
+def test_the_readme_quotes_only_rows_of_the_results_page():
+    """README.md's "Measured, in brief" states no figure that the results page does not show: each decimal number
+    in it appears on the page."""
+    import re
+
+    readme = (BENCHMARKS.parent / "README.md").read_text()
+    section = readme.split("## Measured, in brief", 1)[1].split("\n## ", 1)[0]
+    page = (BENCHMARKS / "README.md").read_text()
+    figures = re.findall(r"\d+\.\d+", section)
+    assert [figure for figure in figures if figure not in page] == []
+
+
+def test_accuracy_frontier_sweeps_the_decodings_on_one_problem(tmp_path):
+    """The accuracy-against-speed sweep at a tiny size (the embedded model, which has a chat template; one problem):
+    every curve's every threshold pair, beside autoregressive decoding of the same weights, written with its plot."""
+    out = tmp_path / "frontier.json"
+    command = [sys.executable, "accuracy_frontier.py", "--ar-baseline", "none", "--limit", "1", "--max-new-tokens",
+               "6", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    frontier = _import_benchmark("accuracy_frontier")
+    results = json.loads(out.read_text())
+    assert len(results["runs"]) == len(frontier.CURVES) * len(frontier.THRESHOLDS)
+    for run in results["runs"]:
+        assert 0 <= run["refusion"]["accuracy"] <= 1 and run["refusion"]["num_forward_passes"] > 0
+    assert "accuracy" in results["autoregressive_same_weights"] and out.with_suffix(".png").stat().st_size > 0

@@ -82,3 +82,22 @@ def test_a_launch_accelerate_does_not_see_is_refused(tmp_path, capsys, monkeypat
     message = user_error(capsys, lm_eval_args(tmp_path / "out"))
     assert message.startswith("2 processes were launched (WORLD_SIZE) but accelerate sees no distributed setup")
     assert "ACCELERATE_USE_CPU=1" in message
+
+
+def test_the_command_leaves_torch_distributed_s_process_group(tmp_path):
+    """What ends every launched process cleanly: `refusion lm-eval` leaves the process group (barrier, destroy)
+    before exiting. A process that exits with gloo's group alive can die of SIGABRT in the interpreter's teardown
+    ("terminate called without an active exception"); here a one-process group stands in for the launch."""
+    import torch.distributed as dist
+
+    from refusion_hf.evaluation.lm_eval_cli import leave_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert dist.is_initialized()
+        leave_process_group()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    leave_process_group()  # no group: nothing to do

@@ -103,7 +103,10 @@ def test_split_attention_equals_the_dense_mask_it_replaces(
     """One forward with a `SplitMask` gives the logits of the same forward with the dense [C + S, T + C + S] mask,
     with an empty cache (causal context, no mask) and a filled one with holes (context sees the valid entries); with
     grouped query heads (the scored rows packed by key/value head from a long enough cache, run grouped by sdpa's
-    `enable_gqa` below it on CPU, or on repeated key/value heads as transformers' backends do) and without."""
+    `enable_gqa` below it on CPU, or on repeated key/value heads as transformers' backends do) and without. Equal at
+    a stated tolerance, not bit for bit: the two forwards call other kernels that sum in other orders (and the CPU's
+    instruction set, AVX2 or AVX-512/AMX, picks the blocking), so in float64 they agree to 1e-10 (sdpa), and to 1e-6
+    on eager, whose softmax runs in float32."""
     monkeypatch.setattr(split_attention_module, "PACK_FROM", pack_from)
     monkeypatch.setattr(split_attention_module, "GROUPED_SDPA_DEVICES", grouped_devices)
     torch.manual_seed(0)
@@ -148,7 +151,10 @@ def test_split_attention_equals_the_dense_mask_it_replaces(
 def test_grouped_heads_run_grouped_on_cpu_with_the_tokens_of_repeated_heads(split_from, monkeypatch):
     """On CPU, sdpa's masked rows with grouped key/value heads never copy the cache per query head (transformers'
     `repeat_kv`): torch's SDPA runs them grouped (`enable_gqa`), the tokens and forward passes those of repeated
-    heads, on a left-padded batch (its context rows masked too) with contexts split or fed under one dense mask."""
+    heads, on a left-padded batch (its context rows masked too) with contexts split or fed under one dense mask.
+    The two ways sum in other orders (float32 logits up to ~1e-6 apart on AVX-512/AMX CPUs), so the random model runs
+    in float64, where a near tie that such a difference could flip is out of reach: the tokens are then compared
+    exactly."""
     from transformers.integrations import sdpa_attention
 
     copies = [0]
@@ -160,7 +166,7 @@ def test_grouped_heads_run_grouped_on_cpu_with_the_tokens_of_repeated_heads(spli
 
     monkeypatch.setattr(sdpa_attention, "repeat_kv", counting)
     monkeypatch.setattr(ragged_kv_cache, "SPLIT_FROM", split_from)
-    model = tiny_refusion_model(num_attention_heads=4, num_key_value_heads=2)
+    model = tiny_refusion_model(num_attention_heads=4, num_key_value_heads=2).double()
     generator = torch.Generator().manual_seed(3)
     ids = torch.randint(4, 60, (2, 30), generator=generator)
     ids[1, :7] = 0

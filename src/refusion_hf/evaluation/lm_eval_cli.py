@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     reports = [model.decoding_report() for model in lm_eval_model.INSTANCES]  # of every launched process together
     main_process = all(model.rank == 0 for model in lm_eval_model.INSTANCES)  # as lm-eval, which writes on rank 0
     lm_eval_model.INSTANCES.clear()
+    leave_process_group()
     if not reports or not main_process:
         return 0
     report = reports[-1]
@@ -68,6 +69,20 @@ def run(args: argparse.Namespace) -> int:
                 with staged_output(results, "--output_path") as staged:  # lm-eval's file stays whole on a failure
                     staged.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
+
+
+def leave_process_group() -> None:
+    """Under `accelerate launch`, every process leaves torch.distributed's process group together once lm-eval and
+    the speed report's gather are done: a barrier, then `destroy_process_group` (accelerate's `PartialState` does
+    neither at exit, nor does lm-eval). Without it, a process that finished first exits with gloo's process group
+    alive: the interpreter's teardown destroys it while its worker threads are still joinable, and the process dies
+    of SIGABRT ("terminate called without an active exception"), or its peer's pending receive fails on the closed
+    connection. One process, no group: nothing to do."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def check_run_arguments(parsed: argparse.Namespace) -> None:

@@ -30,14 +30,14 @@ SPLIT_FROM = 2**18
 class InPlaceLayer(DynamicLayer):
     """transformers' `DynamicLayer` whose keys and values fill the front of a buffer with room after them. An append
     writes into the room, where `DynamicLayer.update` concatenates: a copy of the layer's whole cache on every
-    forward, which after a long prompt is much of what each later forward costs (benchmarks/README.md, "Long
+    forward, which after a long prompt is much of what each later forward costs (7247c5f's benchmarks/README.md, "Long
     prompts"). When an append outgrows the room, the buffer is allocated again with room for a sixteenth more
     entries (at least `MIN_ROOM`): one copy. `keys` / `values` are views of the filled front, as `DynamicLayer`
     exposes its tensors; `crop` only shortens the front; setting them (`batch_select_indices`, `map_cache_tensors`,
     offloading) replaces the buffer by the tensor given."""
 
     # Room a buffer gets at least: a few forwards' worth at a short prompt. More is not free: at batch 16 a room of
-    # 256 made the prompt's forward slower than the same forward on exact-size tensors (benchmarks/README.md,
+    # 256 made the prompt's forward slower than the same forward on exact-size tensors (7247c5f's benchmarks/README.md,
     # "Grouped key/value heads").
     MIN_ROOM = 64
 

@@ -102,11 +102,14 @@ def _split(backend: str):
 
 # Pack only where `repeat_kv` would copy at least this many entries per tensor (H * K * D): below it the packing's
 # own three small copies cost more than they save (measured on the embedded model, 4 heads of 64 and a cache of a
-# few hundred entries: 4% to 12% slower whole calls packed, by a one-off uncommitted script; benchmarks/README.md).
-# 2**20 is a 4k cache there, 256 entries for Qwen3-8B.
+# few hundred entries: 4% to 12% slower whole calls packed, by a one-off uncommitted script; 7247c5f's
+# benchmarks/README.md). 2**20 is a 4k cache there, 256 entries for Qwen3-8B.
 PACK_FROM = 2**20
 # Devices whose torch SDPA takes grouped key/value heads under a mask as they are cached (`enable_gqa`), faster than
-# on heads repeated and with the same outputs bit for bit in every shape benchmarks/grouped_attention.py times (CPU).
+# on heads repeated in every shape benchmarks/grouped_attention.py (in git at b70485a) timed (CPU). The outputs are
+# the same attention summed in another order, not the same bits: equal on some AVX2 CPUs, up to 9.5e-7 apart in
+# float32 on an AVX-512/AMX one (within torch.testing's float32 tolerance, which that benchmark checked); the tokens
+# decoded on the golden cases are the same either way (tests/generation/test_oracle.py, exact).
 # transformers passes `enable_gqa` only without a mask: CUDA's kernels fall back to the math one for a masked call.
 GROUPED_SDPA_DEVICES = ("cpu",)
 

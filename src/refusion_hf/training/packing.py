@@ -5,7 +5,7 @@ Padding a batch to its longest example wastes the compute of every padded positi
 the same examples into rows (first-fit decreasing) keeps each example's loss exactly (an example attends only to
 itself and keeps its own position ids) and computes 1.23x / 1.15x / 1.09x the real tokens in rows of 128 / 192 /
 256. Longer rows cost more attention per token; a training step of the default model is 1.21x (ReFusion) and
-1.18x (autoregressive) faster than padded in rows of 192 (`benchmarks/packing_speed.py`).
+1.18x (autoregressive) faster than padded in rows of 192 (`benchmarks/packing_speed.py`, in git at 7247c5f).
 
 * `plan_packed_rows`: which examples share a row.
 * `PackedCausalLMCollator`: plain causal-LM batches for stock models (the AR baseline). It marks where each example
