@@ -43,6 +43,7 @@ from ..command_inputs import (
 )
 from ..generation.refusion_generation_config import DECODING_KNOBS, DECODING_PRESETS
 from ..modeling.loading import add_dtype_argument
+from .decision_seeds import read_decision_seeds
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
 from .synthetic_tasks import FAMILIES, TIER_SHAPES
 from .tasks import SUITE_TASKS, SYNTHETIC_TIERS, task_name
@@ -229,12 +230,9 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
         raise CommandError(
             f"--data-file is for public tasks (gsm8k, mbpp, ...): --suite {args.suite} draws its problems."
         )
+    if args.decision_seeds is not None and args.suite not in SYNTHETIC_TIERS:
+        raise CommandError(f"--decision-seeds applies to the seeded suites ({', '.join(SYNTHETIC_TIERS)}).")
     if args.decision_seeds is not None:
-        if args.suite not in SYNTHETIC_TIERS:
-            raise CommandError(
-                f"--decision-seeds applies to the seeded suites ({', '.join(SYNTHETIC_TIERS)}), not --suite "
-                f"{args.suite}."
-            )
         if args.seed in read_decision_seeds(args.decision_seeds):
             raise CommandError(
                 f"--seed {args.seed} is listed in --decision-seeds {args.decision_seeds}: it informed a decision, so "
@@ -257,31 +255,9 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
         )
 
 
-def read_decision_seeds(path: str | Path) -> set[int]:
-    """The seeds a decision-seeds file lists: a JSON object whose "seeds" is a list of objects with an integer
-    "seed" (and what it was used for) or of integers. One clear error for anything else."""
-    try:
-        loaded = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise CommandError(f"--decision-seeds {path}: not a readable JSON file ({first_line(error)}).") from None
-    entries = loaded.get("seeds") if isinstance(loaded, dict) else None
-    if not isinstance(entries, list):
-        raise CommandError(f'--decision-seeds {path}: expected a JSON object with a "seeds" list.')
-    seeds = set()
-    for entry in entries:
-        value = entry.get("seed") if isinstance(entry, dict) else entry
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise CommandError(f'--decision-seeds {path}: {entry!r} is not an integer seed or {{"seed": N, ...}}.')
-        seeds.add(value)
-    return seeds
-
-
 def _load_average() -> list[float] | None:
     """1, 5 and 15 minute load averages (None where the OS has none)."""
-    try:
-        return [round(value, 2) for value in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+    return [round(value, 2) for value in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def _check_data_file(path: Path) -> None:
@@ -402,13 +378,7 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
     metadata = None
     tier = SYNTHETIC_TIERS.get(args.suite)
     if tier is not None:
-        metadata = {
-            "seed": args.seed,
-            "num_problems": args.limit or 60,
-            "families": families,
-            "split": args.split,
-            "tier": tier,
-        }
+        metadata = dict(seed=args.seed, num_problems=args.limit or 60, families=families, split=args.split, tier=tier)
     if args.data_file is not None:
         _check_data_file(Path(args.data_file))
     try:
