@@ -6,8 +6,10 @@ Optionally a previous ReFusion model's accuracy on the same seeds (ReFusion deco
 The targets (benchmarks/README.md, "The embedded default model"): ReFusion within 3 points of the baseline at >= 2x
 its tokens/s on every seed; ReFusion at least as accurate as the previous embedded model.
 
+    # the evidence: seeds outside benchmarks/decision_seeds.json (refused there), 500 problems, a paired 95% interval
     .venv/bin/python benchmarks/heldout_comparison.py --model src/refusion_hf/assets/default_model \\
-        --baseline-model benchmarks/models/ar_baseline --seeds 3,5,11,21,44,2026,31337
+        --baseline-model benchmarks/models/ar_baseline --suite synthetic-hard --seeds 540202 --limit 500 \\
+        --decision-seeds benchmarks/decision_seeds.json --out benchmarks/results/evidence_installed_hard.json
     # tuning seeds only (decoding defaults, variants), with decoding flags for refusion eval after --
     .venv/bin/python benchmarks/heldout_comparison.py --model out/default_model/refusion_k4-8_ar0_steps2000 \\
         --baseline-model out/default_model/ar_continued_steps2000 --seeds 7,100 --out /tmp/tuning.json -- --slot-size 4
@@ -25,7 +27,7 @@ from pathlib import Path
 from results_file import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # benchmarks/README.md's table; never used in training or tuning
+HELD_OUT_SEEDS = (3, 5, 11, 21, 44, 2026, 31337)  # the old "held-out" seeds: decision seeds now (decision_seeds.json)
 TUNING_SEEDS = (7, 100)  # decoding choices (defaults, variants, thresholds) are made on these only
 POINTS, RATIO = 3.0, 2.0  # the targets
 
@@ -63,9 +65,9 @@ def evaluate(arguments: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
-def eval_flags(limit: int, num_threads: int) -> list[str]:
+def eval_flags(limit: int, num_threads: int, suite: str = "synthetic") -> list[str]:
     """The `refusion eval` flags every run of these comparisons shares."""
-    return ["--suite", "synthetic", "--limit", str(limit), "--num-threads", str(num_threads)]
+    return ["--suite", suite, "--limit", str(limit), "--num-threads", str(num_threads)]
 
 
 def side_by_side(model: str, baseline_model: str, seed: int, flags: list[str]) -> tuple[dict, dict]:
@@ -84,6 +86,10 @@ def side_by_side(model: str, baseline_model: str, seed: int, flags: list[str]) -
         "refusion_tokens_per_forward": refusion["tokens_per_forward"],
         "refusion_decoding": both["settings"]["refusion_decoding"],
     }
+    interval = both.get("accuracy_difference_interval")
+    if interval:  # the paired 95% interval on ReFusion's accuracy minus the baseline's, in points
+        row["difference_interval_points"] = [round(100 * interval["low"], 2), round(100 * interval["high"], 2)]
+        row["num_problems"] = interval["num_problems"]
     return row, both
 
 
@@ -93,16 +99,26 @@ def main() -> None:
     parser.add_argument("--baseline-model", required=True, help="the controlled AR baseline")
     parser.add_argument("--previous-model", default=None, help="a previous ReFusion model to compare accuracy with")
     parser.add_argument("--seeds", default=",".join(map(str, HELD_OUT_SEEDS)))
+    parser.add_argument("--suite", default="synthetic", help="refusion eval's suite (synthetic or synthetic-hard)")
+    parser.add_argument(
+        "--decision-seeds",
+        default=None,
+        help="refusion eval's --decision-seeds: a seed this list names is refused (evidence comes from other seeds); "
+        "the full eval results (per-problem answers, settings, the interval) are kept in the JSON's 'evaluations'",
+    )
     parser.add_argument("--limit", type=int, default=60)
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "heldout_comparison.json"))
     args, decoding_flags = parser.parse_known_args()
     decoding_flags = [flag for flag in decoding_flags if flag != "--"]
-    common = eval_flags(args.limit, args.num_threads)
+    common = eval_flags(args.limit, args.num_threads, args.suite)
+    checked = ["--decision-seeds", args.decision_seeds] if args.decision_seeds else []
     seeds = [int(seed) for seed in args.seeds.split(",")]
-    rows = []
+    rows, evaluations = [], []
     for seed in seeds:
-        row, _ = side_by_side(args.model, args.baseline_model, seed, [*common, *decoding_flags])
+        row, both = side_by_side(args.model, args.baseline_model, seed, [*common, *checked, *decoding_flags])
+        if args.decision_seeds:
+            evaluations.append(both)
         if args.previous_model:
             previous = evaluate(
                 ["--model", args.previous_model, "--decodings", "refusion", "--seed", str(seed), *common]
@@ -130,8 +146,10 @@ def main() -> None:
             "baseline_model": args.baseline_model,
             "previous_model": args.previous_model,
             "targets": {"points_behind_at_most": POINTS, "speedup_at_least": RATIO},
+            "suite": args.suite,
             "seeds": rows,
             "summary": summary,
+            **({"evaluations": evaluations} if args.decision_seeds else {}),
         },
         args.out,
     )

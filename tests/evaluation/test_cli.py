@@ -122,6 +122,48 @@ def test_a_baseline_model_decodes_autoregressively_beside_the_model(tmp_path, ar
     assert message.startswith(f"--baseline-model {tmp_path / 'missing'}: no such folder")
 
 
+def test_the_hard_tier_end_to_end_with_a_paired_interval(tmp_path, capsys):
+    results = run_eval(tmp_path, "--suite", "synthetic-hard", "--seed", "3", "--limit", "4")
+    check_consistent(results, 4)
+    settings = results["settings"]
+    assert (settings["suite"], settings["tier"], settings["lm_eval_task"]) == ("synthetic-hard", "hard",
+                                                                             "refusion_synthetic_hard")  # fmt: skip
+    assert settings["families"] == ["arithmetic", "listing"]
+    from refusion_hf.evaluation.synthetic_tasks import generate_problems
+
+    hard = generate_problems("test", 4, seed=3, tier="hard")
+    assert [entry["id"] for entry in results["problems"]] == [p.id for p in hard]
+    assert all(p.prompt in entry["prompt"] for p, entry in zip(hard, results["problems"]))
+    # the interval is over the same problems' per-problem scores, as the JSON records them
+    from refusion_hf.evaluation.paired_difference import paired_difference
+
+    scores = [[entry[d]["score"] for entry in results["problems"]] for d in ("refusion", "autoregressive")]
+    assert results["accuracy_difference_interval"] == paired_difference(*scores)
+    assert "95% interval" in capsys.readouterr().out
+    assert len(settings["load_average"]["before"]) == 3 and settings["command"] is None  # run in-process
+
+
+def test_a_decision_seed_is_refused_and_an_unlisted_one_recorded(tmp_path, capsys):
+    listing = tmp_path / "decision_seeds.json"
+    listing.write_text(json.dumps({"seeds": [{"seed": 7, "used_for": "tuning"}, 11]}))
+    for seed in ("7", "11"):
+        message = user_error(capsys, ["eval", *FAST, "--seed", seed, "--decision-seeds", str(listing)])
+        assert f"--seed {seed} is listed in --decision-seeds {listing}: it informed a decision" in message
+    results = run_eval(tmp_path, "--seed", "8", "--limit", "2", "--decision-seeds", str(listing))
+    assert results["settings"]["seed_checked_against"] == str(listing)
+    listing.write_text(json.dumps({"seeds": ["7"]}))
+    message = user_error(capsys, ["eval", *FAST, "--seed", "8", "--decision-seeds", str(listing)])
+    assert message == f"--decision-seeds {listing}: '7' is not an integer seed or {{\"seed\": N, ...}}."
+    message = user_error(capsys, ["eval", *FAST, "--decision-seeds", str(tmp_path / "none.json")])
+    assert message.startswith(f"--decision-seeds {tmp_path / 'none.json'}: not a readable JSON file")
+
+
+def test_the_repository_decision_list_refuses_its_seeds(capsys):
+    listing = Path(__file__).resolve().parents[2] / "benchmarks" / "decision_seeds.json"
+    message = user_error(capsys, ["eval", *FAST, "--seed", "31337", "--decision-seeds", str(listing)])
+    assert "--seed 31337 is listed in --decision-seeds" in message
+
+
 def test_planning_ahead_can_be_switched_off(tmp_path):
     ahead = run_eval(tmp_path, "--seed", "4", "--limit", "4", "--max-new-tokens", "24")
     alone = run_eval(tmp_path, "--seed", "4", "--limit", "4", "--max-new-tokens", "24", "--no-plan-ahead")
@@ -238,7 +280,9 @@ def test_bad_arguments_name_the_option(args, message, capsys):
         (["--suite", "hellaswag"], "is a multiple_choice task: refusion eval compares generation"),
         (["--suite", "gsm8k", "--data-file", "/nonexistent/gsm8k.jsonl"], "does not exist"),
         (["--suite", "gsm8k", "--data-file", __file__], "unsupported file type '.py'"),
-        (["--suite", "gsm8k", "--families", "listing"], "apply to --suite synthetic only"),
+        (["--suite", "gsm8k", "--families", "listing"], "apply to --suite synthetic and synthetic-hard only"),
+        (["--suite", "synthetic-hard", "--families", "code"], "--suite synthetic-hard draws arithmetic,listing only"),
+        (["--suite", "gsm8k", "--decision-seeds", "x.json"], "--decision-seeds applies to the seeded suites"),
         (["--slot-size", "4", "--block-size", "6"], "`block_size` must be a positive multiple of `slot_size`"),
     ],
 )

@@ -84,6 +84,15 @@ def test_right_answers_score_right_and_the_numbers_add_up(embedded, monkeypatch,
     assert autoregressive["per_family"]["arithmetic"]["accuracy"] == 1.0
     assert autoregressive["per_family"]["code"]["accuracy"] == 0.0
     assert results["accuracy_difference"] == pytest.approx(6 / 9)
+    # paired over the 9 problems: differences six 1s and three 0s, mean 2/3, sample variance (6 * (1/3)^2 + 3 *
+    # (2/3)^2) / 8 = 0.25, standard error 0.5 / 3; the table says so
+    interval = results["accuracy_difference_interval"]
+    assert interval["standard_error"] == pytest.approx(0.5 / 3)
+    assert (interval["low"], interval["high"]) == pytest.approx((2 / 3 - 1.959964 / 6, 2 / 3 + 1.959964 / 6))
+    assert (interval["first_better"], interval["second_better"], interval["num_problems"]) == (6, 0, 9)
+    assert "accuracy difference +66.7 points (95% interval +34.0 to +99.3, paired over 9 problems" in markdown_table(
+        results
+    )
     assert refusion["lm_eval_metrics"] == {"exact_match,none": 1.0}
 
     lengths = {prompt: len(tokenizer.encode(answer, add_special_tokens=False)) + 1 for prompt, answer in truth.items()}

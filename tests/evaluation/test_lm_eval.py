@@ -108,22 +108,26 @@ def test_refusion_lm_eval_with_a_preset_writes_speed_into_the_results(task_dir, 
         assert sample["resps"][0][0] == text
 
 
-def test_the_synthetic_suite_ships_as_an_lm_eval_task(tmp_path, capsys):
-    """`refusion lm-eval --tasks refusion_synthetic` scores the problems `refusion eval --suite synthetic` draws,
-    with the same checks: the same answers and verdicts as `generate()` on the chat-templated prompts."""
+@pytest.mark.parametrize(("task", "tier"), [("refusion_synthetic", "standard"), ("refusion_synthetic_hard", "hard")])
+def test_the_synthetic_suite_ships_as_an_lm_eval_task(tmp_path, capsys, task, tier):
+    """`refusion lm-eval --tasks refusion_synthetic` (and its hard tier, `refusion_synthetic_hard`) scores the
+    problems `refusion eval --suite synthetic` (`synthetic-hard`) draws, with the same checks: the same answers and
+    verdicts as `generate()` on the chat-templated prompts."""
     from refusion_hf.cli import main
     from refusion_hf.evaluation.lm_eval_tasks.synthetic_suite import is_correct, load
     from refusion_hf.generation.cli import encode_prompt
 
     out = tmp_path / "out"
     argv = ["lm-eval", "--model", "refusion", "--model_args", f"pretrained={default_model_path()},dtype=float32",
-            "--tasks", "refusion_synthetic", "--metadata", '{"seed": 7, "num_problems": 5}', "--apply_chat_template",
+            "--tasks", task, "--metadata", '{"seed": 7, "num_problems": 5}', "--apply_chat_template",
             "--batch_size", "2", "--log_samples", "--output_path", str(out)]  # fmt: skip
     assert main(argv) == 0
-    (samples,) = out.rglob("samples_refusion_synthetic_*.jsonl")
+    (samples,) = out.rglob(f"samples_{task}_*.jsonl")
     samples = {s["doc_id"]: s for s in map(json.loads, samples.read_text().splitlines())}
-    docs = load(seed=7, num_problems=5)["test"]
+    docs = load(seed=7, num_problems=5, tier=tier)["test"]
     assert len(samples) == 5
+    assert [samples[index]["doc"]["id"] for index in range(5)] == docs["id"]
+    assert docs["id"][0].startswith("synthetic/" if tier == "standard" else "synthetic-hard/")
     model, tokenizer = load_model_and_tokenizer(str(default_model_path()), "float32")
     for index, doc in enumerate(docs):
         ids = encode_prompt(tokenizer, doc["prompt"])

@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from refusion_hf.evaluation.extraction import extract_numeric_answer, normalize_listing
 from refusion_hf.evaluation.synthetic_tasks import (
     FAMILIES,
+    TIER_SHAPES,
     SyntheticProblem,
     generate_problem,
     generate_problems,
@@ -92,9 +94,9 @@ def _check_code(problem: SyntheticProblem) -> None:
         exec(wrong + "\n" + problem.target, {})
 
 
-def _check_listing(problem: SyntheticProblem) -> None:
+def _check_listing(problem: SyntheticProblem, lengths: tuple[int, int] = (3, 5)) -> None:
     lines = normalize_listing(problem.answer)
-    assert 3 <= len(lines) <= 5
+    assert lengths[0] <= len(lines) <= lengths[1]
     assert problem.target == problem.answer
     if problem.prompt.startswith("For the numbers"):
         numbers = re.match(r"For the numbers ([\d, ]+?), (add|multiply|subtract)", problem.prompt).group(1)
@@ -169,3 +171,90 @@ def test_the_suites_code_metric_scores_an_early_exit_as_wrong(monkeypatch):
     assert is_correct("code", problem.answer, problem.target)
     assert not is_correct("code", wrong, problem.target)
     assert not is_correct("code", wrong + "\nimport sys\nsys.exit(0)\n", problem.target)
+
+
+# ------------------------------------------------------------------------------------------------- the hard tier
+def test_standard_problems_are_the_ones_drawn_before_the_tiers_existed():
+    """Golden problems recorded from the suite before the hard tier was added: the installed model's training data,
+    its validation and every earlier result stay the same problems."""
+    first = generate_problem("test", 7, 0)
+    assert first.prompt == (
+        "Jack has 27 cards. He gives away 9. Then he buys 2 jars with 3 cards in each. How many cards does Jack "
+        "have now?"
+    )
+    assert first.answer == "Jack starts with 27. 27 - 9 = 18. 2 * 3 = 6. 18 + 6 = 24. #### 24"
+    assert first.id == "synthetic/test/7/0"
+    assert generate_problem("test", 7, 2).prompt == (
+        "For the numbers 6, 26, 4, 24, 23, multiply each number by 9. Write one line each."
+    )
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(split=st.sampled_from(["train", "test"]), seed=seeds, index=indices)
+def test_a_hard_problem_is_a_pure_function_of_split_seed_and_index(split, seed, index):
+    first = generate_problem(split, seed, index, tier="hard")
+    assert first == generate_problem(split, seed, index, tier="hard")
+    assert first == generate_problems(split, 1, seed, start=index, tier="hard")[0]
+    assert first.id == f"synthetic-hard/{split}/{seed}/{index}"
+    assert first.family == ("arithmetic", "listing")[index % 2]
+    assert is_test_key(first.split_key) == (split == "test")
+    # its own random stream: not the standard problem of the same coordinates lengthened
+    assert first.prompt != generate_problem(split, seed, index, families=["arithmetic", "listing"]).prompt
+
+
+def test_hard_problems_are_right_and_the_longest_of_the_training_range_with_larger_numbers():
+    hard = generate_problems("test", 200, seed=3, tier="hard")
+    standard, shape = TIER_SHAPES["standard"], TIER_SHAPES["hard"]
+    starts, listed = [], []
+    for problem in hard:
+        if problem.family == "arithmetic":
+            _check_arithmetic(problem)
+            # "X has N items." then one sentence a step, then the question
+            assert problem.prompt.count(".") - 1 == standard.arithmetic_steps[1] == shape.arithmetic_steps[0]
+            starts.append(int(re.match(r"\w+ has (\d+) ", problem.prompt).group(1)))
+        else:
+            _check_listing(problem, (standard.listed_numbers[1], standard.record_fields[1]))
+            if problem.prompt.startswith("For the numbers"):
+                listed += [int(line.split()[0]) for line in normalize_listing(problem.answer)]
+    assert min(starts) >= shape.arithmetic_start[0] and max(starts) <= shape.arithmetic_start[1]
+    assert sum(start > standard.arithmetic_start[1] for start in starts) > len(starts) / 2
+    assert max(listed) <= shape.listed_values[1] and any(value > standard.listed_values[1] for value in listed)
+
+
+def test_the_hard_tier_is_harder_for_the_ar_baseline():
+    """The controlled AR baseline (greedy, float32, batches of 10) is right on nearly every standard problem and on
+    clearly fewer hard ones (at 60 problems a seed: 1.000 against 0.73 / 0.72 when the tier was tuned); a margin
+    wide enough for a near-tie flipped by another CPU's kernels."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from refusion_hf.evaluation.lm_eval_tasks.synthetic_suite import is_correct
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "ar_baseline"
+    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def accuracy(problems):
+        texts = [
+            tokenizer.apply_chat_template(p.messages, tokenize=False, add_generation_prompt=True) for p in problems
+        ]
+        right = 0
+        for start in range(0, len(texts), 10):
+            batch = tokenizer(texts[start : start + 10], return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**batch, max_new_tokens=64, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            answers = tokenizer.batch_decode(out[:, batch.input_ids.shape[1] :], skip_special_tokens=True)
+            right += sum(is_correct(p.family, a, p.target) for p, a in zip(problems[start:], answers))
+        return right / len(problems)
+
+    standard = accuracy(generate_problems("test", 30, seed=540001, families=["arithmetic", "listing"]))
+    hard = accuracy(generate_problems("test", 30, seed=540001, tier="hard"))
+    assert standard >= 0.9
+    assert hard <= 0.85 and hard <= standard - 0.1
+
+
+def test_the_hard_tier_has_no_code_family():
+    with pytest.raises(ValueError, match=r"`families` must be a non-empty subset of \('arithmetic', 'listing'\)"):
+        generate_problem("test", 0, 0, families=["code"], tier="hard")
+    with pytest.raises(ValueError, match="`tier` must be one of"):
+        generate_problem("test", 0, 0, tier="expert")

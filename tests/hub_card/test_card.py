@@ -312,8 +312,14 @@ def test_eval_report_names_the_problems_its_numbers_cover(tmp_path):
     """The synthetic suite draws problems by seed; the public suites take the first N; no limit, all problems."""
     for settings, expected in (
         ({**SYNTHETIC_EVAL["settings"], "limit": 60, "seed": 7}, "60 problems drawn with seed 7"),
+        (
+            {**SYNTHETIC_EVAL["settings"], "suite": "synthetic-hard", "limit": 500, "seed": 9},
+            "500 problems drawn with seed 9",
+        ),
         ({**HUMANEVAL_EVAL["settings"], "limit": 20}, "the first 20 problems only"),
         (HUMANEVAL_EVAL["settings"], None),
     ):
         report = load_eval_report(write_json(tmp_path / "eval.json", {**SYNTHETIC_EVAL, "settings": settings}))
         assert report.subset == expected
+        if settings.get("suite") == "synthetic-hard":  # the hard tier is its own dataset, its seed the config
+            assert report.label == "refusion_hf synthetic suite, hard tier (seed-9)"

@@ -2,12 +2,17 @@
 an lm-eval task (harness.py: lm-eval scores, this project times).
 
     refusion eval --suite synthetic --seed 1234 --limit 60 --json out.json
+    refusion eval --suite synthetic-hard --seed 905417 --limit 500 --decision-seeds benchmarks/decision_seeds.json
     refusion eval --suite gsm8k --data-file gsm8k_test.jsonl --limit 100 --preset gsm8k_cot
 
-`--suite` is `synthetic` (the seeded suite this package ships as the lm-eval task `refusion_synthetic`), `gsm8k`,
+`--suite` is `synthetic` (the seeded suite this package ships as the lm-eval task `refusion_synthetic`),
+`synthetic-hard` (its held-out hard tier, `refusion_synthetic_hard`: the same generators, larger numbers), `gsm8k`,
 `humaneval`, `mbpp` (lm-eval's gsm8k_cot, humaneval_instruct, mbpp_instruct) or the name of any lm-eval
 `generate_until` task. Both decodings run in the same process on the same problems, alternating batch by batch; the
-markdown table goes to stdout and the full results (per-problem answers included) to `--json`.
+markdown table goes to stdout and the full results (per-problem answers included) to `--json`. With both decodings
+the accuracy difference comes with a 95% interval paired over the same problems (`paired_difference`);
+`--decision-seeds FILE` refuses a `--seed` that FILE lists (seeds that informed a choice: a reported comparison
+must come from problems nothing was chosen on).
 `--decodings autoregressive` evaluates a model that has no mask token (an autoregressive baseline) the same way.
 It runs in one process (the side-by-side timing needs both decodings on one device); to spread an evaluation over
 several processes or GPUs: `accelerate launch --num_processes N -m refusion_hf.cli lm-eval --model refusion ...`.
@@ -17,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -35,9 +42,10 @@ from ..command_inputs import (
 from ..errors import first_line
 from ..generation.refusion_generation_config import DECODING_KNOBS, DECODING_PRESETS
 from ..outputs import check_output_file, staged_output
+from .decision_seeds import read_decision_seeds
 from .sandbox import ALLOW_ENV_VAR, SandboxUnavailable, code_execution_allowed, isolation_report
-from .synthetic_tasks import FAMILIES
-from .tasks import SUITE_TASKS, task_name
+from .synthetic_tasks import FAMILIES, TIER_SHAPES
+from .tasks import SUITE_TASKS, SYNTHETIC_TIERS, task_name
 
 CODE_SUITES = ("humaneval", "mbpp")  # short names whose tasks execute generated code
 
@@ -75,6 +83,14 @@ def register(subparsers) -> None:
         help=f"{', '.join(SUITE_TASKS)} (default synthetic) or any lm-eval generate_until task name",
     )
     parser.add_argument(
+        "--decision-seeds",
+        default=None,
+        metavar="FILE",
+        help='synthetic suites: a JSON file whose "seeds" lists seeds that informed a decision (e.g. '
+        "benchmarks/decision_seeds.json); a --seed it lists is refused, so that a reported figure comes from "
+        "problems nothing was chosen on",
+    )
+    parser.add_argument(
         "--data-file",
         default=None,
         help="public tasks: the evaluation split as a local .jsonl/.json/.parquet/.csv with the Hub dataset's "
@@ -90,22 +106,25 @@ def register(subparsers) -> None:
         help="render prompts with the tokenizer's chat template (default: when it has one)",
     )
     parser.add_argument(
-        "--seed", type=seed, default=0, help="synthetic: which test problems are drawn; also the sampling seed"
+        "--seed", type=seed, default=0, help="synthetic suites: which problems are drawn; also the sampling seed"
     )
     parser.add_argument(
         "--limit", type=positive_int, default=None, help="number of problems (synthetic default 60; others: all)"
     )
     parser.add_argument(
-        "--families", type=_families, default=None, help=f"synthetic only: subset of {','.join(FAMILIES)}"
+        "--families",
+        type=_families,
+        default=None,
+        help=f"synthetic suites only: subset of {','.join(FAMILIES)} (synthetic-hard: arithmetic,listing)",
     )
     parser.add_argument(
-        "--split", choices=("test", "train"), default="test", help="synthetic only: which split to draw from"
+        "--split", choices=("test", "train"), default="test", help="synthetic suites only: which split to draw from"
     )
     parser.add_argument(
         "--max-new-tokens",
         type=positive_int,
         default=None,
-        help="default: the task's max_gen_toks (synthetic: 64)",
+        help="default: the task's max_gen_toks (synthetic suites: 64)",
     )
     parser.add_argument(
         "--preset",
@@ -165,11 +184,17 @@ def register(subparsers) -> None:
 def _resolve_families(args: argparse.Namespace, allowed: bool) -> list[str] | None:
     """The synthetic families to draw; without the code-execution opt-in the code family is left out (with a
     notice), unless it was asked for explicitly, which is an error."""
-    if args.suite != "synthetic":
+    if args.suite not in SYNTHETIC_TIERS:
         if args.families is not None or args.split != "test":
-            raise CommandError("--families and --split apply to --suite synthetic only.")
+            raise CommandError("--families and --split apply to --suite synthetic and synthetic-hard only.")
         return None
-    families = list(args.families or FAMILIES)
+    tier_families = TIER_SHAPES[SYNTHETIC_TIERS[args.suite]].families
+    outside = [family for family in args.families or () if family not in tier_families]
+    if outside:
+        raise CommandError(
+            f"--families {','.join(outside)}: --suite {args.suite} draws {','.join(tier_families)} only."
+        )
+    families = list(args.families or tier_families)
     if "code" in families and not allowed:
         if args.families is not None:
             raise CommandError(
@@ -200,8 +225,19 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
             f"--allow-code-execution or set {ALLOW_ENV_VAR}=1 (the code runs in a bubblewrap sandbox: no host "
             "files, no network, its own PID namespace, resource limits)."
         )
-    if args.data_file is not None and args.suite == "synthetic":
-        raise CommandError("--data-file is for public tasks (gsm8k, mbpp, ...): --suite synthetic draws its problems.")
+    if args.data_file is not None and args.suite in SYNTHETIC_TIERS:
+        raise CommandError(
+            f"--data-file is for public tasks (gsm8k, mbpp, ...): --suite {args.suite} draws its problems."
+        )
+    if args.decision_seeds is not None and args.suite not in SYNTHETIC_TIERS:
+        raise CommandError(f"--decision-seeds applies to the seeded suites ({', '.join(SYNTHETIC_TIERS)}).")
+    if args.decision_seeds is not None:
+        if args.seed in read_decision_seeds(args.decision_seeds):
+            raise CommandError(
+                f"--seed {args.seed} is listed in --decision-seeds {args.decision_seeds}: it informed a decision, so "
+                "its problems are not held out; pick a seed the file does not list (and add it there once a choice "
+                "is made on it)."
+            )
     if args.code_timeout <= 0:
         raise CommandError("--code-timeout must be > 0 seconds.")
     if args.num_fewshot is not None and args.num_fewshot < 0:
@@ -216,6 +252,11 @@ def _check_arguments(args: argparse.Namespace, allowed: bool) -> None:
             f"{', '.join(knobs)} set ReFusion decoding, which --decodings leaves out: drop "
             "them or add refusion to --decodings."
         )
+
+
+def _load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (None where the OS has none)."""
+    return [round(value, 2) for value in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def _check_data_file(path: Path) -> None:
@@ -334,8 +375,9 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
     from .tasks import executes_code, load_task
 
     metadata = None
-    if args.suite == "synthetic":
-        metadata = {"seed": args.seed, "num_problems": args.limit or 60, "families": families, "split": args.split}
+    tier = SYNTHETIC_TIERS.get(args.suite)
+    if tier is not None:
+        metadata = dict(seed=args.seed, num_problems=args.limit or 60, families=families, split=args.split, tier=tier)
     if args.data_file is not None:
         _check_data_file(Path(args.data_file))
     try:
@@ -401,7 +443,8 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
         effective, _ = merge_generation_config(model, None, settings.refusion_kwargs())
     except ValueError as error:
         raise CommandError(f"bad decoding setting: {error}") from error
-    limit = None if args.suite == "synthetic" else args.limit
+    limit = None if tier is not None else args.limit
+    load_before = _load_average()
     num_docs = len(task.eval_docs) if limit is None else min(limit, len(task.eval_docs))
     with execution_timeout(args.code_timeout):
         results = evaluate_decodings(
@@ -425,7 +468,9 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
             "baseline_model": args.baseline_model,
             "baseline_model_sha256": weights_sha256(args.baseline_model) if args.baseline_model else None,
             "suite": args.suite,
-            "split": args.split if args.suite == "synthetic" else None,
+            "split": args.split if tier is not None else None,
+            "tier": tier,
+            "seed_checked_against": args.decision_seeds,
             "families": families,
             "limit": args.limit,
             "num_problems": len(results["problems"]),
@@ -436,6 +481,10 @@ def _evaluate(args: argparse.Namespace, allowed: bool, families: list[str] | Non
             "allow_code_execution": allowed,
             "code_timeout": args.code_timeout,
             "code_sandbox": code_sandbox,
+            "command": shlex.join(["refusion", *sys.argv[1:]]) if sys.argv[1:2] == ["eval"] else None,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            # a shared machine slows both decodings alike (batch by batch, side by side), not equally every batch
+            "load_average": {"before": load_before, "after": _load_average(), "cpus": os.cpu_count()},
         }
     )
     print(markdown_table(results))

@@ -13,6 +13,7 @@ task's filters and metrics. Added here is what makes the comparison fair:
   which the same batches return that decoding's recorded sequences (no decoding happens), so lm-eval scores each
   decoding exactly as it would score a model of its own;
 * speed: generated tokens, forward passes and seconds of every timed call (`throughput`);
+* the accuracy difference with a 95% interval paired over the same problems (`paired_difference`);
 * `continuous_batching`: each decoding serves the task's whole request stream through `generate_batch` (at most
   `batch_size` rows at once, a finished row replaced by the next problem at once), timed as one call, the decodings
   in turn (the order alternating between repeats); tokens per forward are then the stream's generated tokens per
@@ -35,6 +36,7 @@ import torch
 
 from ..generation.refusion_generation_config import DECODING_KNOBS, preset_settings, sampling_arguments
 from .lm_eval_model import GenerateRecord, RefusionLM
+from .paired_difference import paired_difference
 from .sandbox import require_opt_in
 from .tasks import executes_code
 
@@ -329,6 +331,11 @@ def evaluate_decodings(
         ar_speed = results["autoregressive"]["tokens_per_second"]
         results["speedup"] = results["refusion"]["tokens_per_second"] / ar_speed if ar_speed else None
         results["accuracy_difference"] = results["refusion"]["accuracy"] - results["autoregressive"]["accuracy"]
+        if len(per_problem) >= 2:  # the same problems on both sides: an interval that uses the pairing
+            rows = [per_problem[i] for i in sorted(per_problem)]
+            results["accuracy_difference_interval"] = paired_difference(
+                [row["refusion"]["score"] for row in rows], [row["autoregressive"]["score"] for row in rows]
+            )
     results["settings"] = {
         **asdict(settings),
         "decodings": list(decodings),
@@ -378,9 +385,17 @@ def markdown_table(results: dict) -> str:
     if repeats > 1:
         lines += ["", f"Times: the fastest of {repeats} interleaved runs of every problem with each decoding."]
     if results.get("speedup") is not None:
+        interval = results.get("accuracy_difference_interval")
+        spread = (
+            f" ({100 * interval['level']:.0f}% interval {100 * interval['low']:+.1f} to {100 * interval['high']:+.1f}, "
+            f"paired over {interval['num_problems']} problems; ReFusion alone right on {interval['first_better']}, "
+            f"autoregressive alone on {interval['second_better']})"
+            if interval
+            else ""
+        )
         lines += [
             "",
             f"ReFusion / autoregressive tokens per second: {results['speedup']:.2f}x; accuracy difference "
-            f"{100 * results['accuracy_difference']:+.1f} points.",
+            f"{100 * results['accuracy_difference']:+.1f} points{spread}.",
         ]
     return "\n".join(lines)

@@ -13,6 +13,15 @@ values, so it is a pure function of them. Train and test are disjoint by constru
 each problem has a split key (its prompt; for code, the function's identity: description, name and constant, so
 that a test function is never trained on with other examples), a key belongs to the test split exactly when a
 SHA-256 of it falls in the test bucket (`is_test_key`), and each split rejects (and redraws) problems of the other.
+
+Two tiers (`TIERS`, shapes in `TIER_SHAPES`): `standard`, the suite the embedded model was trained on, and `hard`,
+a held-out tier from the same generators that no model here was trained on: always the longest problems of the
+training range (three arithmetic steps, five lines) with numbers beyond it (starting amounts 25 to 50 where
+training drew 5 to 30, listed numbers 1 to 40 where it drew 1 to 30). Longer problems (four steps, six lines)
+were tried first: the controlled AR baseline scored 0 of 40 on them (it stops at the lengths it was trained on), a
+tier that measures nothing; on the chosen shape it scores 0.73 and 0.72 (60 problems each of seeds 540001 and
+540002, listed in benchmarks/decision_seeds.json). A hard problem is drawn from its own random stream (the tier is
+part of the seed's hash); standard problems are the same as before the tier existed.
 """
 
 from __future__ import annotations
@@ -26,8 +35,30 @@ from pathlib import Path
 
 SPLITS = ("train", "test")
 FAMILIES = ("arithmetic", "code", "listing")
+TIERS = ("standard", "hard")
 TEST_FRACTION_PER_MILLE = 200  # 20% of the prompt space is reserved for the test split
 _MAX_ATTEMPTS = 1000
+
+
+@dataclass(frozen=True)
+class TierShape:
+    """A tier's problems: ranges (inclusive) of arithmetic steps and starting amount, of record fields, of how many
+    numbers a listing transforms and of their values; the families it draws."""
+
+    arithmetic_steps: tuple[int, int]
+    arithmetic_start: tuple[int, int]
+    record_fields: tuple[int, int]
+    listed_numbers: tuple[int, int]
+    listed_values: tuple[int, int]
+    families: tuple[str, ...]
+
+
+TIER_SHAPES = {
+    "standard": TierShape((2, 3), (5, 30), (3, 5), (3, 5), (1, 30), FAMILIES),
+    # the longest problems of the training range, with numbers beyond it (longer ones score 0 for every model here);
+    # no code family: its templates have no harder form of the same kind
+    "hard": TierShape((3, 3), (25, 50), (5, 5), (5, 5), (1, 40), ("arithmetic", "listing")),
+}
 
 
 @dataclass(frozen=True)
@@ -62,8 +93,9 @@ def is_test_key(split_key: str) -> bool:
     return int.from_bytes(digest[:4], "big") % 1000 < TEST_FRACTION_PER_MILLE
 
 
-def _rng(split: str, seed: int, index: int, attempt: int) -> random.Random:
-    key = f"refusion-synthetic|{split}|{seed}|{index}|{attempt}".encode()
+def _rng(split: str, seed: int, index: int, attempt: int, tier: str = "standard") -> random.Random:
+    stream = "refusion-synthetic" if tier == "standard" else f"refusion-synthetic-{tier}"
+    key = f"{stream}|{split}|{seed}|{index}|{attempt}".encode()
     return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
 
 
@@ -86,13 +118,13 @@ _ITEMS = ("apples", "books", "cards", "coins", "eggs", "pens", "shells", "stamps
 _CONTAINERS = ("bags", "boxes", "packs", "jars")
 
 
-def _arithmetic(rng: random.Random) -> tuple[str, str, str]:
+def _arithmetic(rng: random.Random, shape: TierShape) -> tuple[str, str, str]:
     name, pronoun = rng.choice(_PEOPLE)
     item = rng.choice(_ITEMS)
-    total = rng.randint(5, 30)
+    total = rng.randint(*shape.arithmetic_start)
     question = [f"{name} has {total} {item}."]
     work = [f"{name} starts with {total}."]
-    for step in range(rng.randint(2, 3)):
+    for step in range(rng.randint(*shape.arithmetic_steps)):
         then = "Then " if step else ""
         subject = pronoun if step else pronoun.capitalize()
         kind = rng.choice(("buys", "finds", "gives", "loses", "bags"))
@@ -211,9 +243,9 @@ _ITEM_RULES = (
 )
 
 
-def _listing(rng: random.Random) -> tuple[str, str, str]:
+def _listing(rng: random.Random, shape: TierShape) -> tuple[str, str, str]:
     if rng.random() < 0.5:
-        keys = rng.sample(sorted(_FIELDS) + list(_NUMBER_FIELDS), rng.randint(3, 5))
+        keys = rng.sample(sorted(_FIELDS) + list(_NUMBER_FIELDS), rng.randint(*shape.record_fields))
         values = [str(rng.randint(1, 99)) if key in _NUMBER_FIELDS else rng.choice(_FIELDS[key]) for key in keys]
         record = ", ".join(f"{key} {value}" for key, value in zip(keys, values))
         prompt = f"Write this record as lines of key: value. {record}."
@@ -221,16 +253,16 @@ def _listing(rng: random.Random) -> tuple[str, str, str]:
     else:
         instruction, line, rule = rng.choice(_ITEM_RULES)
         c = rng.randint(2, 9)
-        numbers = [rng.randint(1, 30) for _ in range(rng.randint(3, 5))]
+        numbers = [rng.randint(*shape.listed_values) for _ in range(rng.randint(*shape.listed_numbers))]
         prompt = f"For the numbers {', '.join(map(str, numbers))}, {instruction.format(c=c)}. Write one line each."
         answer = "\n".join(line.format(n=n, c=c, r=rule(n, c)) for n in numbers)
     return prompt, answer, answer
 
 
 # --------------------------------------------------------------------------------------------- the suite
-def _draw(family: str, rng: random.Random) -> dict:
+def _draw(family: str, rng: random.Random, shape: TierShape) -> dict:
     if family == "arithmetic":
-        prompt, answer, target = _arithmetic(rng)
+        prompt, answer, target = _arithmetic(rng, shape)
         return {"prompt": prompt, "answer": answer, "target": target, "key": prompt}
     if family == "code":
         prompt, answer, target, entry_point, visible, key = _code(rng)
@@ -242,36 +274,43 @@ def _draw(family: str, rng: random.Random) -> dict:
             "visible": visible,
             "key": key,
         }
-    prompt, answer, target = _listing(rng)
+    prompt, answer, target = _listing(rng, shape)
     return {"prompt": prompt, "answer": answer, "target": target, "key": prompt}
 
 
-def _check_families(families: Sequence[str] | None) -> tuple[str, ...]:
+def _check_families(families: Sequence[str] | None, tier: str = "standard") -> tuple[str, ...]:
+    allowed = TIER_SHAPES[tier].families
     if families is None:
-        return FAMILIES
+        return allowed
     families = tuple(families)
-    unknown = [f for f in families if f not in FAMILIES]
+    unknown = [f for f in families if f not in allowed]
     if unknown or not families:
-        raise ValueError(f"`families` must be a non-empty subset of {FAMILIES}, got {list(families)}.")
+        raise ValueError(f"`families` must be a non-empty subset of {allowed} (tier {tier!r}), got {list(families)}.")
     return families
 
 
-def generate_problem(split: str, seed: int, index: int, families: Sequence[str] | None = None) -> SyntheticProblem:
-    """The problem at `index` of `split` for `seed` (families round-robin: index i gets families[i % n])."""
+def generate_problem(
+    split: str, seed: int, index: int, families: Sequence[str] | None = None, tier: str = "standard"
+) -> SyntheticProblem:
+    """The problem at `index` of `split` for `seed` and `tier` (families round-robin: index i gets
+    families[i % n]; by default the tier's families)."""
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}, got {split!r}.")
+    if tier not in TIERS:
+        raise ValueError(f"`tier` must be one of {TIERS}, got {tier!r}.")
     if isinstance(seed, bool) or not isinstance(seed, int) or isinstance(index, bool) or not isinstance(index, int):
         raise ValueError(f"`seed` and `index` must be integers, got seed={seed!r}, index={index!r}.")
     if index < 0:
         raise ValueError(f"`index` must be >= 0, got {index}.")
-    families = _check_families(families)
+    families = _check_families(families, tier)
     family = families[index % len(families)]
     want_test = split == "test"
+    prefix = "synthetic" if tier == "standard" else f"synthetic-{tier}"
     for attempt in range(_MAX_ATTEMPTS):
-        drawn = _draw(family, _rng(split, seed, index, attempt))
+        drawn = _draw(family, _rng(split, seed, index, attempt, tier), TIER_SHAPES[tier])
         if is_test_key(drawn["key"]) == want_test:
             return SyntheticProblem(
-                id=f"synthetic/{split}/{seed}/{index}",
+                id=f"{prefix}/{split}/{seed}/{index}",
                 family=family,
                 prompt=drawn["prompt"],
                 answer=drawn["answer"],
@@ -284,12 +323,12 @@ def generate_problem(split: str, seed: int, index: int, families: Sequence[str] 
 
 
 def generate_problems(
-    split: str, n: int, seed: int, families: Sequence[str] | None = None, start: int = 0
+    split: str, n: int, seed: int, families: Sequence[str] | None = None, start: int = 0, tier: str = "standard"
 ) -> list[SyntheticProblem]:
-    """`n` problems of `split` drawn with `seed` (indices `start` .. `start + n - 1`)."""
+    """`n` problems of `split` and `tier` drawn with `seed` (indices `start` .. `start + n - 1`)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"`n` must be an integer >= 0 (the number of problems), got {n!r}.")
-    return [generate_problem(split, seed, index, families) for index in range(start, start + n)]
+    return [generate_problem(split, seed, index, families, tier) for index in range(start, start + n)]
 
 
 def write_jsonl(

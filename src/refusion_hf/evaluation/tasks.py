@@ -3,7 +3,8 @@
 lm-eval does the work: task definitions (prompts, few-shot examples, generation arguments), datasets, filters
 (e.g. GSM8K's strict and flexible answer extraction) and metrics. Added here:
 
-* short names for the suites this project reports (`SUITE_TASKS`); any other `generate_until` task of lm-eval or
+* short names for the suites this project reports (`SUITE_TASKS`; `synthetic` and its held-out hard tier
+  `synthetic-hard` are drawn by `synthetic_tasks`, `SYNTHETIC_TIERS`); any other `generate_until` task of lm-eval or
   of the package's task folder (`TASKS_DIR`: `refusion_synthetic`) is accepted by its own name;
 * `data_file`: the task's evaluation split read from a local .jsonl / .json / .parquet / .csv with the Hub
   dataset's columns (an override of `dataset_path`), for machines without the Hub; HumanEval defaults to the copy
@@ -22,10 +23,12 @@ from .code_eval import sandboxed_code_eval
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")  # lm-eval task files shipped with the package
 SUITE_TASKS = {
     "synthetic": "refusion_synthetic",
+    "synthetic-hard": "refusion_synthetic_hard",  # the held-out hard tier (larger numbers, same generators)
     "gsm8k": "gsm8k_cot",  # the variant the ReFusion paper reports (8-shot chain of thought, inline examples)
     "humaneval": "humaneval_instruct",
     "mbpp": "mbpp_instruct",
 }
+SYNTHETIC_TIERS = {"synthetic": "standard", "synthetic-hard": "hard"}  # suites drawn by synthetic_tasks, their tier
 DATA_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 

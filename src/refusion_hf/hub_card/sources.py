@@ -41,6 +41,7 @@ class SuiteInfo:
 # Hub dataset ids of the public benchmarks `refusion eval` runs; unknown suites are reported under their own name.
 SUITES: dict[str, SuiteInfo] = {
     "synthetic": SuiteInfo("synthetic", "refusion_hf synthetic suite", "accuracy"),
+    "synthetic-hard": SuiteInfo("synthetic-hard", "refusion_hf synthetic suite, hard tier", "accuracy"),
     "humaneval": SuiteInfo("openai/openai_humaneval", "HumanEval", "pass@1"),
     "gsm8k": SuiteInfo("openai/gsm8k", "GSM8K", "accuracy", dataset_config="main"),
     "mbpp": SuiteInfo("google-research-datasets/mbpp", "MBPP", "pass@1"),
@@ -72,7 +73,7 @@ class EvalReport:
     @property
     def dataset_config(self) -> str | None:
         # The synthetic suite draws its test problems from the seed: the seed *is* the dataset configuration.
-        if self.suite == "synthetic" and self.settings.get("seed") is not None:
+        if self.suite in ("synthetic", "synthetic-hard") and self.settings.get("seed") is not None:
             return f"seed-{self.settings['seed']}"
         return self.suite_info.dataset_config
 
@@ -92,7 +93,7 @@ class EvalReport:
         problems from the seed, the public suites take the first N."""
         if self.limit is None:
             return None
-        if self.suite == "synthetic":
+        if self.suite in ("synthetic", "synthetic-hard"):
             seed = self.settings.get("seed")
             return f"{self.limit} problems drawn with seed {seed}" if seed is not None else f"{self.limit} problems"
         return f"the first {self.limit} problems only"

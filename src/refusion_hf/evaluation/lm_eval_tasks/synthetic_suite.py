@@ -3,7 +3,8 @@
 listing match (listing), the function's asserts executed in the sandbox (code; needs `HF_ALLOW_CODE_EVAL=1`).
 
 Metadata (`--metadata` of lm-eval, or `refusion eval`'s flags): `seed`, `num_problems`, `families` (a list or a
-comma-separated string; default arithmetic and listing: the code family executes generated code) and `split`.
+comma-separated string; default arithmetic and listing: the code family executes generated code), `split` and
+`tier` (`standard`, or `hard`: the task `refusion_synthetic_hard`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from refusion_hf.evaluation.synthetic_tasks import generate_problems
 DEFAULT_FAMILIES = ("arithmetic", "listing")
 
 
-def load(seed=0, num_problems=60, families=DEFAULT_FAMILIES, split="test", **_metadata) -> datasets.DatasetDict:
+def load(
+    seed=0, num_problems=60, families=DEFAULT_FAMILIES, split="test", tier="standard", **_metadata
+) -> datasets.DatasetDict:
     if isinstance(families, str):
         families = [part.strip() for part in families.split(",") if part.strip()]
-    problems = generate_problems(split, int(num_problems), seed=int(seed), families=list(families))
+    problems = generate_problems(split, int(num_problems), seed=int(seed), families=list(families), tier=tier)
     rows = [{"id": p.id, "family": p.family, "prompt": p.prompt, "target": p.target} for p in problems]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
