@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..command_inputs import CommandError, first_line
+from ..errors import InputError, first_line
 
 
 def read_decision_seeds(path: str | Path) -> set[int]:
@@ -17,14 +17,14 @@ def read_decision_seeds(path: str | Path) -> set[int]:
     try:
         loaded = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise CommandError(f"--decision-seeds {path}: not a readable JSON file ({first_line(error)}).") from None
+        raise InputError(f"--decision-seeds {path}: not a readable JSON file ({first_line(error)}).") from None
     entries = loaded.get("seeds") if isinstance(loaded, dict) else None
     if not isinstance(entries, list):
-        raise CommandError(f'--decision-seeds {path}: expected a JSON object with a "seeds" list.')
+        raise InputError(f'--decision-seeds {path}: expected a JSON object with a "seeds" list.')
     seeds = set()
     for entry in entries:
         value = entry.get("seed") if isinstance(entry, dict) else entry
         if isinstance(value, bool) or not isinstance(value, int):
-            raise CommandError(f'--decision-seeds {path}: {entry!r} is not an integer seed or {{"seed": N, ...}}.')
+            raise InputError(f'--decision-seeds {path}: {entry!r} is not an integer seed or {{"seed": N, ...}}.')
         seeds.add(value)
     return seeds
