@@ -554,7 +554,8 @@ def unpinned_seam_libraries(setup_cfg: str, libraries: list[str]) -> list[str]:
     problems = []
     for library in libraries:
         distribution = library.replace("_", "-")
-        named = [line for line in lines if re.match(rf"{re.escape(distribution)}(\[[\w,]+\])?\s*([<>=!~]|$)", line)]
+        requirement = rf"{re.escape(distribution)}(\[[\w,]+\])?\s*(>=|<|==|!=|~=|$)"  # not an option key (`sglang =`)
+        named = [line for line in lines if re.match(requirement, line)]
         problems += [line for line in named if not (">=" in line and re.search(r"<(?!=)|<=", line))]
         problems += [] if named else [f"{distribution}: not in setup.cfg"]
     return problems
@@ -562,7 +563,7 @@ def unpinned_seam_libraries(setup_cfg: str, libraries: list[str]) -> list[str]:
 
 def test_every_library_with_a_seam_has_a_version_range_in_setup_cfg():
     libraries = sorted(path.stem for path in SEAMS.glob("*.py") if path.stem != "__init__")
-    assert libraries == ["accelerate", "evaluate", "lm_eval", "transformers"]
+    assert libraries == ["accelerate", "evaluate", "lm_eval", "sglang", "transformers"]
     assert not unpinned_seam_libraries((ROOT / "setup.cfg").read_text(), libraries)
 
 

@@ -1,0 +1,90 @@
+"""The seam to SGLang's diffusion-LLM internals (see `refusion_hf._compat`); tests/_compat/test_sglang.py checks
+`PRIVATE_MEMBERS` against the installed SGLang (in `.venv-sglang`, `make sglang`; skipped where SGLang is absent).
+
+SGLang's public extension points for diffusion decoding are `--dllm-algorithm NAME` (a `DllmAlgorithm` subclass) and
+general plugins under the entry-point group `sglang.srt.plugins`. The rest is internal and declared here:
+
+* the algorithm table `algo_name_to_cls` is filled by scanning SGLang's own package (pkgutil), so a plugin adds its
+  class to the table (there is no registration function);
+* the architecture table `DLLM_PARAMS` is a local of `DllmConfig.from_server_args`, so a plugin wraps that function
+  (SGLang's `HookRegistry`, AROUND) to answer for ReFusion checkpoints and leaves every other model to it;
+* the model-class table `ModelRegistry.models` gets the `RefusionForCausalLM` architecture name (SGLang's own
+  Qwen3 class under that name: same weights, same forward);
+* `DllmAlgorithm.run` / `_run_sync` / `_block_start_list` / `max_steps` / `step`: the base class's loop, whose
+  contract the algorithm implements (`step(forward_batch, full_logits, states) -> list[bool]`, the canvas in
+  `forward_batch.input_ids`, emitted from `_block_start_list` on when every row is done).
+"""
+
+from __future__ import annotations
+
+from . import ATTRIBUTE, SET_BY_OWNER
+
+SUPPORTED_VERSIONS = (">=0.5.23", "<0.5.24")  # the declarations below were read from 0.5.23's source
+
+PRIVATE_MEMBERS = (
+    ("sglang.srt.dllm.algorithm", "algo_name_to_cls", ATTRIBUTE),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "requires_separate_context_encoding", ATTRIBUTE),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "run", "(self, model_runner, forward_batch, algo_states)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "_run_sync", "(self, model_runner, forward_batch)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "_block_start_list", "(self, forward_batch)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "max_steps", "(self, block_size)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "step", "(self, forward_batch, full_logits, states)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "init_step_state", "(self, forward_batch)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "configure_server_args", "(server_args)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "validate_request", "(req)"),
+    ("sglang.srt.dllm.config:DllmConfig", "from_server_args", "(server_args)"),
+    (
+        "sglang.srt.dllm.config:DllmConfig",
+        "__init__",
+        "(self, algorithm, algorithm_config, block_size, mask_id, max_running_requests, first_done_first_out_mode, "
+        "requires_separate_context_encoding, capture_input_preparation, delete_token_id, split_token_id)",
+    ),
+    ("sglang.srt.models.registry:_ModelRegistry", "models", SET_BY_OWNER),
+    ("sglang.srt.layers.logits_processor:LogitsProcessor", "return_full_logits", SET_BY_OWNER),
+    ("sglang.srt.models.qwen3:Qwen3ForCausalLM", "logits_processor", SET_BY_OWNER),
+    ("sglang.srt.arg_groups.overrides", "declare_resolution", "(server_args, source, fields)"),
+    ("sglang.srt.plugins.hook_registry:HookRegistry", "register", "(target, hook, hook_type, source)"),
+)
+
+
+def installed_version_supported() -> bool:
+    """Whether the installed SGLang's version lies in `SUPPORTED_VERSIONS`."""
+    from importlib.metadata import version
+
+    from packaging.specifiers import SpecifierSet
+
+    return version("sglang") in SpecifierSet(",".join(SUPPORTED_VERSIONS))
+
+
+def add_algorithm(cls) -> None:
+    """Make `--dllm-algorithm <cls.__name__>` find `cls` (SGLang fills its table by scanning its own package)."""
+    from sglang.srt.dllm import algorithm
+
+    algorithm.algo_name_to_cls[cls.__name__] = cls
+
+
+def add_model_architecture(name: str, cls) -> None:
+    """Make SGLang load checkpoints whose `architectures[0]` is `name` with `cls`."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    ModelRegistry.models[name] = cls
+
+
+def return_full_logits(logits_processor) -> None:
+    """Make SGLang's `LogitsProcessor` return every position's logits on the diffusion path (SGLang's diffusion
+    models pass `return_full_logits=True` to its constructor; the Qwen3 class builds it without)."""
+    logits_processor.return_full_logits = True
+
+
+def wrap_dllm_config(answer) -> None:
+    """Route `DllmConfig.from_server_args` through `answer(original, server_args)` (SGLang's AROUND hook)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.dllm.config.DllmConfig.from_server_args", answer, HookType.AROUND)
+
+
+def declare_server_args(server_args, owner: str, **fields) -> None:
+    """Set launch-time server arguments on behalf of `owner` (what SGLang's own algorithms do)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    declare_resolution(server_args, owner, **fields)

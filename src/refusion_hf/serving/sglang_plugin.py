@@ -1,0 +1,133 @@
+"""The SGLang plugin (entry point `refusion = refusion_hf.serving.sglang_plugin:register` in the group
+`sglang.srt.plugins`, installed with the `sglang` extra): SGLang loads it in every one of its processes.
+
+It makes `--dllm-algorithm ReFusion` decode ReFusion checkpoints of both layouts:
+
+* this package's folders (`architectures: ["RefusionForCausalLM"]`, `model_type: refusion`): the config class is
+  registered with transformers' `AutoConfig` (importing `refusion_hf`), the architecture name with SGLang's model
+  table (SGLang's own Qwen3 network: ReFusion's weights are Qwen3's);
+* the official checkpoint's layout (`Qwen3ForCausalLM`, `model_type: qwen3`, with a `mask_token_id`).
+
+SGLang's architecture table (`DLLM_PARAMS`) is a local of `DllmConfig.from_server_args`; the plugin wraps that
+function so that, for `--dllm-algorithm ReFusion` only, the diffusion config comes from the checkpoint: the mask token
+from `config.json`, the decoding settings from `generation_config.json` (ReFusion's knobs,
+`refusion_hf.generation.RefusionGenerationConfig`), overridden by `--dllm-algorithm-config FILE.yaml`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from refusion_hf._compat import sglang as seam
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "ReFusion"
+SETTINGS = ("slot_size", "block_size", "token_threshold", "slot_threshold", "remask_threshold", "plan_ahead")
+
+
+def register() -> None:
+    """The plugin: called by SGLang's `load_plugins` in every SGLang process."""
+    from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+
+    import refusion_hf  # noqa: F401  (registers `RefusionConfig` with AutoConfig)
+    from refusion_hf.serving.sglang_algorithm import ReFusion
+
+    if not seam.installed_version_supported():
+        logger.warning("refusion_hf's SGLang plugin was written for sglang %s", ",".join(seam.SUPPORTED_VERSIONS))
+    seam.add_algorithm(ReFusion)
+    seam.add_model_architecture("RefusionForCausalLM", _with_full_logits("RefusionForCausalLM", Qwen3ForCausalLM))
+    # The official layout declares stock Qwen3: SGLang's Qwen3 class, returning every canvas position's logits on
+    # SGLang's diffusion path (`return_full_logits` is read there only; autoregressive decoding is unchanged).
+    seam.add_model_architecture("Qwen3ForCausalLM", _with_full_logits("Qwen3ForCausalLM", Qwen3ForCausalLM))
+    seam.wrap_dllm_config(_dllm_config)
+
+
+def _with_full_logits(name: str, base: type) -> type:
+    """`base` under the architecture name `name`, its logits processor returning the logits of every position of a
+    diffusion canvas (what SGLang's own diffusion models construct theirs with)."""
+
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        seam.return_full_logits(self.logits_processor)
+
+    return type(name, (base,), {"__init__": __init__, "__module__": __name__})
+
+
+def _dllm_config(original, server_args):
+    if getattr(server_args, "dllm_algorithm", None) != ALGORITHM:
+        return original(server_args)
+    return refusion_dllm_config(server_args)
+
+
+def refusion_settings(model_path: str, overrides: dict) -> dict:
+    """The decoding settings SGLang decodes `model_path` with: its generation config's ReFusion knobs, then
+    `overrides` (the `--dllm-algorithm-config` mapping). `ValueError` naming a setting SGLang cannot honour."""
+    from transformers import AutoConfig
+
+    from refusion_hf.generation import RefusionGenerationConfig
+
+    model_config = AutoConfig.from_pretrained(model_path)
+    mask_id = getattr(model_config, "mask_token_id", None)
+    if mask_id is None:
+        raise ValueError(f"{model_path}: config.json has no mask_token_id; it is not a ReFusion checkpoint")
+    unknown = sorted(set(overrides) - set(SETTINGS))
+    if unknown:
+        raise ValueError(f"--dllm-algorithm-config: unknown ReFusion setting(s) {unknown}; known: {list(SETTINGS)}")
+    try:
+        config = RefusionGenerationConfig.from_pretrained(model_path)
+    except OSError:
+        config = RefusionGenerationConfig.from_model_config(model_config)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    if config.mask_token_id is None:
+        config.mask_token_id = mask_id
+    slot, block = config.slot_size, config.block_size if config.block_size is not None else config.slot_size
+    if block != slot:
+        raise ValueError(
+            f"block_size {block} with slot_size {slot}: SGLang's canvas runs ReFusion exactly only with one slot per "
+            f"block (several slots are chosen out of order and verified together, which SGLang's causal re-encoding "
+            f"of the block cannot reproduce); pass --dllm-algorithm-config with `block_size: {slot}` (docs/serving.md)"
+        )
+    if config.remask_threshold is not None:
+        raise ValueError(
+            f"remask_threshold {config.remask_threshold}: sub-slot remasking is not implemented on SGLang; pass "
+            "--dllm-algorithm-config with `remask_threshold: null`"
+        )
+    eos = config.eos_token_id if config.eos_token_id is not None else model_config.eos_token_id
+    eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    special = {config.pad_token_id, config.bos_token_id} - {None} - set(eos_ids)
+    return {
+        "mask_id": int(config.mask_token_id),
+        "slot_size": int(slot),
+        "token_threshold": float(config.token_threshold),
+        "eos_token_ids": [int(t) for t in eos_ids],
+        "never_drafted": sorted({int(config.mask_token_id)} | {int(t) for t in special}),
+    }
+
+
+def refusion_dllm_config(server_args):
+    """SGLang's `DllmConfig` for a ReFusion checkpoint (what `DLLM_PARAMS` holds for SGLang's own models)."""
+    from sglang.srt.dllm.config import DllmConfig
+
+    overrides = {}
+    if server_args.dllm_algorithm_config is not None:
+        import yaml
+
+        with open(server_args.dllm_algorithm_config) as handle:
+            overrides = yaml.safe_load(handle) or {}
+        if not isinstance(overrides, dict):
+            raise ValueError(f"--dllm-algorithm-config {server_args.dllm_algorithm_config}: not a YAML mapping")
+    settings = refusion_settings(server_args.model_path, overrides)
+    return DllmConfig(
+        algorithm=ALGORITHM,
+        algorithm_config=settings,
+        block_size=settings["slot_size"],
+        mask_id=settings["mask_id"],
+        max_running_requests=server_args.max_running_requests or 1,
+        first_done_first_out_mode=bool(server_args.dllm_fdfo),
+        requires_separate_context_encoding=True,
+        capture_input_preparation=False,
+        delete_token_id=None,
+        split_token_id=None,
+    )

@@ -1,0 +1,62 @@
+"""The SGLang seam (`refusion_hf._compat.sglang`) against the installed SGLang; runs in .venv-sglang
+(`make test-sglang`), skipped where SGLang is not installed."""
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from refusion_hf._compat import check_seam  # noqa: E402
+from refusion_hf._compat import sglang as seam  # noqa: E402
+from tests._compat.seam_checks import (  # noqa: E402
+    assert_each_declaration_fails_when_changed,
+    undeclared_private_members,
+)
+
+
+def test_installed_sglang_is_in_the_supported_range():
+    assert seam.installed_version_supported()
+
+
+def test_declarations_hold_for_the_installed_sglang():
+    check_seam(seam)
+
+
+def test_each_declaration_fails_naming_the_seam_when_sglang_changes_it(monkeypatch):
+    assert_each_declaration_fails_when_changed(seam, monkeypatch)
+
+
+def test_every_private_member_our_algorithm_overrides_or_uses_is_declared():
+    from refusion_hf.serving.sglang_algorithm import ReFusion
+
+    assert not undeclared_private_members("sglang", seam.PRIVATE_MEMBERS, [ReFusion])
+
+
+def test_add_algorithm_makes_the_algorithm_name_resolve(monkeypatch):
+    from sglang.srt.dllm import algorithm
+
+    from refusion_hf.serving.sglang_algorithm import ReFusion
+
+    monkeypatch.delitem(algorithm.algo_name_to_cls, "ReFusion", raising=False)
+    seam.add_algorithm(ReFusion)
+    assert algorithm.get_algorithm_cls("ReFusion") is ReFusion
+
+
+def test_add_model_architecture_reaches_sglangs_model_table(monkeypatch):
+    from sglang.srt.models.registry import ModelRegistry
+
+    marker = type("Marker", (), {})
+    monkeypatch.setitem(ModelRegistry.models, "RefusionTestArchitecture", marker)
+    seam.add_model_architecture("RefusionTestArchitecture", marker)
+    assert ModelRegistry.models["RefusionTestArchitecture"] is marker
+
+
+def test_return_full_logits_sets_what_sglangs_diffusion_path_reads():
+    import torch
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+
+    # constructed without SGLang's runtime context (its __init__ reads the published parallel config)
+    processor = LogitsProcessor.__new__(LogitsProcessor)
+    torch.nn.Module.__init__(processor)
+    processor.return_full_logits = False
+    seam.return_full_logits(processor)
+    assert processor.return_full_logits
