@@ -1,7 +1,8 @@
 """The evidence comes from seeds nothing was chosen on: benchmarks/decision_seeds.json lists every seed of the
 synthetic suite that informed a decision; every committed results JSON that ran on a seed ran on a listed one
 (tuning, judging, training), except the reported comparisons (`benchmarks/results/evidence_*.json`), which ran on
-unlisted seeds, checked by `refusion eval --decision-seeds`, with at least 500 problems and a paired interval; and
+unlisted seeds, checked by `refusion eval --decision-seeds` (benchmarks/heldout_comparison.py keeps each run's full
+eval results under "evaluations"), with at least 500 problems and a paired interval; and
 the seeds README's evidence paragraph and benchmarks/README's evidence section quote are unlisted."""
 
 import json
@@ -51,12 +52,17 @@ def test_every_seed_a_committed_result_was_chosen_on_is_listed():
         assert not unlisted, f"{path.name} ran on seeds {sorted(unlisted)} that benchmarks/decision_seeds.json lacks"
 
 
+def evaluations() -> list[tuple[str, dict]]:
+    """(file name, one seed's full `refusion eval` results) for every reported comparison."""
+    return [(p.name, run) for p in evidence_files() for run in json.loads(p.read_text())["evaluations"]]
+
+
 def test_the_reported_comparisons_use_unlisted_seeds_with_power():
     listed = decision_seeds()
-    files = evidence_files()
-    assert {json.loads(p.read_text())["settings"]["suite"] for p in files} >= {"synthetic", "synthetic-hard"}
-    for path in files:
-        results = json.loads(path.read_text())
+    runs = evaluations()
+    assert {results["settings"]["suite"] for _, results in runs} >= {"synthetic", "synthetic-hard"}
+    for name, results in runs:
+        path = Path(name)
         settings = results["settings"]
         assert settings["seed"] not in listed, f"{path.name}: seed {settings['seed']} informed a decision"
         assert settings["seed_checked_against"] == "benchmarks/decision_seeds.json", path.name
@@ -81,7 +87,7 @@ def test_the_evidence_paragraphs_quote_unlisted_seeds_and_their_json(document, h
     section = _section((ROOT / document).read_text(), heading)
     quoted = {int(s) for group in re.findall(r"\bseeds? ([\d, and]+)", section) for s in re.findall(r"\d+", group)}
     assert quoted, f"{document}'s evidence names no seed"
-    evidence_seeds = {json.loads(p.read_text())["settings"]["seed"] for p in evidence_files()}
+    evidence_seeds = {results["settings"]["seed"] for _, results in evaluations()}
     assert quoted <= evidence_seeds, f"{document} quotes seeds {sorted(quoted - evidence_seeds)} with no evidence JSON"
     assert not quoted & decision_seeds()
     assert "95%" in section
