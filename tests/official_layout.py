@@ -24,6 +24,7 @@ path ran folder code exactly when `marker_dir` is not empty.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -33,6 +34,9 @@ from safetensors.torch import load_file, save_file
 from tests.oracle import FIXTURE
 
 FIXTURE_VOCAB = 64
+# The official folder's remote code (written for transformers 4.52) imports transformers.modeling_attn_mask_utils:
+# transformers 5.19 to 5.24 lack that module, so the folder's code fails to import; 5.25 has it again, and it loads.
+OFFICIAL_CODE_IMPORTS = importlib.util.find_spec("transformers.modeling_attn_mask_utils") is not None
 # The fixture's special tokens (ids 0-3: <|endoftext|>, <|im_end|>, <|beginoftext|>, <|mask|>) move to the end of
 # the vocabulary in that order; the 60 word tokens t4..t63 move to the front.
 OFFICIAL_IDS = [*range(FIXTURE_VOCAB - 4, FIXTURE_VOCAB), *range(0, FIXTURE_VOCAB - 4)]  # fixture id -> official id

@@ -38,6 +38,19 @@ class _NotInTheBuildEnvironment(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _NotInTheBuildEnvironment())
 sys.path[:] = [p for p in sys.path if not p.rstrip("/").endswith("/src")]
+
+# pip's build environment holds setuptools and wheel only: the plugins other installed packages register for
+# setuptools (e.g. `kernels`' egg_info writer, which imports torch) are not there either
+import importlib.metadata as metadata
+_entry_points = metadata.entry_points
+
+def _build_environment_entry_points(**selection):
+    found = _entry_points(**selection)
+    return metadata.EntryPoints(
+        point for point in found if point.dist is None or point.dist.name.lower() in ("setuptools", "wheel")
+    )
+
+metadata.entry_points = _build_environment_entry_points
 from setuptools import build_meta
 
 out = sys.argv[1]

@@ -17,7 +17,14 @@ from refusion_hf import RefusionForCausalLM
 from refusion_hf.cli import main
 from refusion_hf.generation.cli import encode_prompt
 from refusion_hf.modeling.loading import default_model_path
-from tests.official_layout import BOS_ID, EOS_ID, MASK_ID, build_official_layout, to_official
+from tests.official_layout import (
+    BOS_ID,
+    EOS_ID,
+    MASK_ID,
+    OFFICIAL_CODE_IMPORTS,
+    build_official_layout,
+    to_official,
+)
 from tests.oracle import FIXTURE
 from tests.training.toy import write_toy_jsonl
 
@@ -61,11 +68,16 @@ def test_the_class_decodes_the_official_layout_as_the_fixture(official, loaded):
 
 def test_the_auto_classes_and_the_cards_snippet(official):
     """What the README says of the Auto classes on an official folder: without remote code they give stock Qwen3
-    (autoregressive generate); with it, the folder's code written for transformers 4.52 does not import."""
+    (autoregressive generate); with it, the folder's code written for transformers 4.52 does not import where
+    transformers lacks `modeling_attn_mask_utils` (5.19 to 5.24), and is what loads where it has it (5.25)."""
     assert type(AutoConfig.from_pretrained(official)).__name__ == "Qwen3Config"
     assert type(AutoModelForCausalLM.from_pretrained(official)) is Qwen3ForCausalLM
-    with pytest.raises(ModuleNotFoundError, match="transformers.modeling_attn_mask_utils"):
-        AutoModelForCausalLM.from_pretrained(official, trust_remote_code=True)
+    if OFFICIAL_CODE_IMPORTS:
+        remote = AutoModelForCausalLM.from_pretrained(official, trust_remote_code=True)
+        assert type(remote).__module__.startswith("transformers_modules"), type(remote).__module__
+    else:
+        with pytest.raises(ModuleNotFoundError, match="transformers.modeling_attn_mask_utils"):
+            AutoModelForCausalLM.from_pretrained(official, trust_remote_code=True)
 
 
 def test_stock_model_with_custom_generate_equals_the_class(official, loaded):
