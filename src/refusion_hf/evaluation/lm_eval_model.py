@@ -6,7 +6,7 @@ sequences, tasks, filters and metrics. Added here:
 
 * every model folder loads as the installed package's `RefusionConfig` / `RefusionForCausalLM`, whatever its
   config.json says: official checkpoints (`model_type: qwen3` plus a mask token, with or without the official
-  `auto_map`, whose remote code does not import on transformers 5.19 to 5.24) and the folders this package writes alike. So
+  `auto_map`, whose remote code does not import on transformers 5) and the folders this package writes alike. So
   decoding is always ReFusion's from the installed decoder, and no code of the folder runs: not its modeling or
   configuration files, nor its `custom_generate/` (transformers would run that in place of `generate` for a model
   loaded with `trust_remote_code=True`). `trust_remote_code` defaults to False, as in HFLM; True is passed on to
