@@ -22,6 +22,7 @@ each answer's final tokens back as they are decided.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import threading
 import time
@@ -163,7 +164,10 @@ class Decoder:
     batching)."""
 
     def __init__(self, model, tokenizer, metrics: ServerMetrics, waiting: WaitingRoom, continuous: bool, rows: int):
-        self.model, self.tokenizer, self.metrics, self.waiting = model, tokenizer, metrics, waiting
+        # generate()'s stop strings use the tokenizer on this worker's thread while the event loop encodes and
+        # decodes with the server's: a fast tokenizer is not safe to share across threads (its Rust state, e.g.
+        # truncation and padding, is set per call), so the worker has a copy of its own
+        self.model, self.tokenizer, self.metrics, self.waiting = model, copy.deepcopy(tokenizer), metrics, waiting
         self.continuous, self.rows = continuous, rows
         self.fatal_error: BaseException | None = None
         self.busy = False
