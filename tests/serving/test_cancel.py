@@ -11,10 +11,8 @@ import time
 import httpx2
 import pytest
 
-from refusion_hf.modeling.loading import load_model_and_tokenizer
 from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving.app import build_app
-from tests.official_layout import build_official_layout
 from tests.serving.servers import (
     HeldRequest,
     rows_per_forward,
@@ -27,13 +25,6 @@ from tests.serving.servers import (
 FORWARD_SECONDS = 0.1  # each forward of the served model, slowed
 MAX_TOKENS = 400
 REQUEST = {"prompt": "t9 t10 t11", "max_tokens": MAX_TOKENS}
-
-
-@pytest.fixture(scope="module")
-def official(tmp_path_factory):
-    folder = build_official_layout(tmp_path_factory.mktemp("official") / "model")
-    model, tokenizer = load_model_and_tokenizer(str(folder), "float32")
-    return str(folder), model, tokenizer
 
 
 def abandon(url: str, stream: bool, after: float, request: dict = REQUEST) -> float:

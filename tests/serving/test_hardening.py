@@ -17,7 +17,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from refusion_hf.cli import build_parser
-from refusion_hf.modeling.loading import load_model_and_tokenizer
 from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving.app import ServeOptionError, build_app
 from refusion_hf.serving.cli import warn_if_open
@@ -29,13 +28,6 @@ from tests.serving.servers import HeldRequest, rows_per_forward, running, slowed
 TIMEOUT = 60  # seconds, per request
 # A template that renders the generation prompt after a loop of N * N steps (about 1.5 s at N = 4000 here).
 SLOW_TEMPLATE = "{% for i in range(4000) %}{% for j in range(4000) %}{% endfor %}{% endfor %}t4 t7 "
-
-
-@pytest.fixture(scope="module")
-def official(tmp_path_factory):
-    folder = build_official_layout(tmp_path_factory.mktemp("official") / "model")
-    model, tokenizer = load_model_and_tokenizer(str(folder), "float32")
-    return str(folder), model, tokenizer
 
 
 def words(count: int) -> str:

@@ -18,7 +18,7 @@ import torch
 from refusion_hf.modeling.loading import default_model_path, load_model_and_tokenizer
 from refusion_hf.serving.app import build_app
 from tests.cli_errors import user_error
-from tests.official_layout import build_marker_folder, build_official_layout, markers
+from tests.official_layout import build_marker_folder, markers
 from tests.serving.servers import running_server
 
 QUESTIONS = [f"Tom has {n} pens. He buys 7 more. How many pens does Tom have now?" for n in (3, 12)]
@@ -35,13 +35,6 @@ def serving(model: str, **options):
             yield openai.OpenAI(base_url=f"{url}/v1", api_key="-", timeout=TIMEOUT, max_retries=0)
     finally:
         state.shutdown()
-
-
-@pytest.fixture(scope="module")
-def official(tmp_path_factory):
-    folder = build_official_layout(tmp_path_factory.mktemp("official") / "model")
-    model, tokenizer = load_model_and_tokenizer(str(folder), "float32")
-    return str(folder), model, tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -17,26 +17,17 @@ import httpx2
 import openai
 import pytest
 
-from refusion_hf.modeling.loading import load_model_and_tokenizer
 from refusion_hf.modeling.modeling_refusion import RefusionForCausalLM
 from refusion_hf.serving import app as app_module
 from refusion_hf.serving.app import build_app
 from refusion_hf.serving.cli import draining_server
 from refusion_hf.serving.connections import HeadDeadlineProtocol
 from tests.cli_errors import user_error
-from tests.official_layout import build_official_layout
 from tests.serving.servers import HeldRequest, rows_per_forward, running, running_server, slowed_forwards, until
 
 TIMEOUT = 60
 MESSAGES = [{"role": "user", "content": "t9 t10"}]
 ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}t4"
-
-
-@pytest.fixture(scope="module")
-def official(tmp_path_factory):
-    folder = build_official_layout(tmp_path_factory.mktemp("official") / "model")
-    model, tokenizer = load_model_and_tokenizer(str(folder), "float32")
-    return str(folder), model, tokenizer
 
 
 @pytest.fixture(scope="module")
