@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
-from transformers import GenerationConfig, Qwen3ForCausalLM
+from transformers import AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
 
 from refusion_hf import RefusionForCausalLM, RefusionGenerationConfig, RefusionGenerationOutput
+from tests.oracle import FIXTURE
 from tests.tiny_models import tiny_refusion_model
 
 PROMPT = torch.tensor([[32, 24, 53, 31, 52, 63, 5, 38]])
@@ -296,6 +297,15 @@ def test_autoregressive_fallback_keeps_left_padding_semantics(model64):
 def test_bad_arguments_name_the_argument(model64, kwargs, message):
     with pytest.raises(ValueError, match=message):
         model64.generate(PROMPT, **kwargs)
+
+
+@pytest.mark.parametrize("decoding", ["refusion", "autoregressive"])
+def test_stop_strings_a_tokenizer_cannot_match_name_the_argument(model64, decoding):
+    """transformers' StopStringCriteria cannot read a word-level vocabulary (the fixture's): its bare "substring not
+    found" becomes a ValueError naming `stop_strings` (a server answers it as a 4xx naming the field)."""
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURE)
+    with pytest.raises(ValueError, match=r"`stop_strings` \['t9'\]: transformers' StopStringCriteria cannot read"):
+        model64.generate(PROMPT, stop_strings=["t9"], tokenizer=tokenizer, decoding=decoding, max_new_tokens=4)
 
 
 def test_bad_inputs_name_the_argument(model64):

@@ -65,6 +65,18 @@ def test_an_empty_logit_bias_is_no_bias(folder):
     state.shutdown()
 
 
+def test_stop_strings_the_tokenizer_cannot_match_are_a_4xx_naming_stop(folder):
+    """The fixture's word-level vocabulary is one transformers' StopStringCriteria cannot read (schemathesis found
+    the bare "substring not found" it raised): a 400 naming the field, and the server answers the next request."""
+    app, state = build_app(folder, dtype="float32", device="cpu")
+    with running(app) as url, httpx2.Client(base_url=url, timeout=TIMEOUT) as http:
+        refused = http.post("/v1/completions", json={"prompt": "t9", "stop": ["t9"], "max_tokens": 2})
+        assert refused.status_code == 400 and "stop_strings" in refused.json()["detail"], refused.text
+        assert "StopStringCriteria cannot read" in refused.json()["detail"], refused.text
+        assert http.post("/v1/completions", json={"prompt": "t9", "max_tokens": 2}).status_code == 200
+    state.shutdown()
+
+
 @pytest.fixture(scope="module")
 def served_schema(folder):
     app, state = build_app(folder, dtype="float32", device="cpu", max_model_len=24)

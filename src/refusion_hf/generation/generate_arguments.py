@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StopStringCriteria
 
 from .refusion_generation_config import REFUSION_FIELDS, RefusionGenerationConfig
 from .stock_fields import HONOURED, INERT, NEVER_ID, STOCK_ARGUMENTS, STOCK_BATCH_ARGUMENTS, STOCK_FIELDS, is_neutral
@@ -132,6 +132,22 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
         outside = [i for i in ids if i is not None and not lowest <= i < vocab_size]
         if outside:
             raise ValueError(f"`{name}` {outside} is outside the vocabulary (0 .. {vocab_size - 1}).")
+
+
+def check_stop_strings(config: GenerationConfig, tokenizer) -> None:
+    """`ValueError` naming `stop_strings` when transformers' `StopStringCriteria` cannot be built from this tokenizer
+    (it reads every vocabulary entry's text through the tokenizer, which fails for some vocabularies, for example
+    word-level ones, with a bare "substring not found"). The criteria built here are cached by transformers, so the
+    stock criteria built next cost nothing more. Without a tokenizer, stock generate's own message stands."""
+    if config.stop_strings is None or tokenizer is None:
+        return
+    try:
+        StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings)
+    except ValueError as failed:
+        raise ValueError(
+            f"`stop_strings` {config.stop_strings!r}: transformers' StopStringCriteria cannot read this tokenizer's "
+            f"vocabulary ({failed}); leave `stop_strings` unset and cut the answers at the strings afterwards."
+        ) from None
 
 
 def _check_prompts(input_ids, attention_mask, vocab_size: int) -> None:

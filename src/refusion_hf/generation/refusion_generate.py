@@ -43,6 +43,7 @@ from .generate_arguments import (
     bound_arguments,
     check_generation_config,
     check_left_padding,
+    check_stop_strings,
     check_token_ids,
     eos_token_ids,
     refuse_unsupported,
@@ -100,6 +101,7 @@ def generate_steps(
     check_token_ids(input_ids, attention_mask, config, model.get_input_embeddings().num_embeddings)
     tokenizer = model_kwargs.pop("tokenizer", None)  # used for stop strings, as in stock generate
     refuse_unsupported(config, model_kwargs, stock_arguments)
+    check_stop_strings(config, tokenizer)
 
     # 3. Special tokens, the attention mask (inferred from padding when none is given) and lengths: stock preparation.
     has_default_max_length, has_default_min_length = (
@@ -153,6 +155,7 @@ def stock_generate(model, inputs, stock_arguments: dict, kwargs: dict, config, m
     input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
     attention_mask = model_kwargs.pop("attention_mask", None)
     check_token_ids(input_ids, attention_mask, config, model.get_input_embeddings().num_embeddings)
+    check_stop_strings(config, model_kwargs.get("tokenizer"))
     stock_kwargs = stock_keywords(stock_arguments["generation_config"], kwargs, "input_ids", "attention_mask")
     if attention_mask is not None:
         stock_kwargs["attention_mask"] = attention_mask
