@@ -67,24 +67,32 @@ class Client:
 
 class IncrementalText:
     """An answer's text as its tokens arrive: each piece once the tokens before it decode to whole characters (a
-    token may end in the middle of a UTF-8 character); the pieces join to the whole answer's decoded text."""
+    token may end in the middle of a UTF-8 character); the pieces join to the whole answer's decoded text.
+
+    Each step decodes a short window, not the answer so far (which would make a stream quadratic in its length):
+    the tokens from `start` (where the last piece's window began) to the end, against the same window without the
+    new tokens (`tokens[start:end]`). Decoding both from the same token keeps whatever the tokenizer does at a
+    window's first token (a leading space dropped, say) out of the difference. This is the windowed detokenizing of
+    vLLM's and text-generation-inference's streams."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.tokens, self.sent = tokenizer, [], ""
+        self.tokenizer, self.tokens = tokenizer, []
+        self.start = self.end = 0  # the window before the new tokens: tokens[start:end] were sent
 
     def add(self, tokens: list[int]) -> str:
         self.tokens += tokens
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd") or not text.startswith(self.sent):
-            return ""
-        piece, self.sent = text[len(self.sent) :], text
-        return piece
+        return self._piece(final=False)
 
     def rest(self) -> str:
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        piece = text[len(self.sent) :] if text.startswith(self.sent) else ""
-        self.sent = text
-        return piece
+        return self._piece(final=True)
+
+    def _piece(self, final: bool) -> str:
+        sent = self.tokenizer.decode(self.tokens[self.start : self.end], skip_special_tokens=True)
+        text = self.tokenizer.decode(self.tokens[self.start :], skip_special_tokens=True)
+        if not final and text.endswith("\ufffd") or not text.startswith(sent):
+            return ""  # a character is not whole yet (or the window's text changed): wait for more tokens
+        self.start, self.end = self.end, len(self.tokens)
+        return text[len(sent) :]
 
 
 def error(status: int, detail: str, **headers) -> HTTPException:
