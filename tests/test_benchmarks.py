@@ -150,6 +150,7 @@ def test_accuracy_speed_choice_rule_and_frontier():
 @pytest.mark.parametrize(
     "arguments, message",
     [
+        ([], "the following arguments are required: --seeds"),  # no default: a default seed would be reused
         (["--seeds", "1"], "--seeds [1]: listed in"),
         (["--seeds", "5", "--choose-on", "6"], "--choose-on [6]: not listed in"),
         (["--seeds", "5", "--choose-on", "1,5"], "seeds [5] are in both --choose-on and --seeds"),
@@ -519,3 +520,10 @@ def test_every_claim_is_rerun_by_a_tool_of_benchmarks():
         if "def build_parser(" in script.read_text():
             flags = words[2 : words.index("--")] if "--" in words else words[2:]
             _import_benchmark(script.stem).build_parser().parse_args(flags)  # exits on an unknown or bad flag
+
+
+def test_benchmarks_are_a_few_tools():
+    """A handful of general tools with flags (issue 56: at most 8 scripts), not one script per experiment: an
+    experiment is a flag of the tool that measures its kind of figure."""
+    scripts = sorted(path.name for path in BENCHMARKS.glob("*.py"))
+    assert len(scripts) <= 8, scripts
