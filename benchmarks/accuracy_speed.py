@@ -151,8 +151,8 @@ def grid(settings: list[dict], axes: list[tuple[str, list]]) -> list[dict]:
         raise ValueError(f"--grid names a knob twice: {names}")
     product = [dict(zip(names, values)) for values in itertools.product(*(v for _, v in axes))] if axes else []
     combined = [*settings, *product] or [{}]
-    seen = [setting_name(s) for s in combined]
-    repeated = sorted({name for name in seen if seen.count(name) > 1})
+    seen = [sorted(s.items()) for s in combined]  # the same knobs in another order are the same setting
+    repeated = sorted({setting_name(s) for s, key in zip(combined, seen) if seen.count(key) > 1})
     if repeated:
         raise ValueError(f"settings listed twice: {', '.join(repeated)}")
     return combined
@@ -338,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args, extra = parser.parse_known_args(argv)
-    args.eval_flags = [flag for flag in extra if flag != "--"]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])  # before `--`: this tool's flags only
+    args.eval_flags = argv[split + 1 :]
     taken = sorted({flag.split("=")[0] for flag in args.eval_flags} & owned_flags())
     if taken:
         parser.error(f"{', '.join(taken)} after --: this tool sets it (use its own flags, --setting or --grid)")

@@ -165,6 +165,11 @@ def test_accuracy_speed_choice_rule_and_frontier():
         (["--seeds", "5", "--suite", "gsm8k"], "expected distinct seeded suites"),
         (["--seeds", "5", "--", "--slot-size", "4"], "--slot-size after --: this tool sets it"),
         (["--seeds", "5", "--", "--seed=3"], "--seed after --: this tool sets it"),
+        (["--seeds", "5", "--timing-repeats", "1"], "unrecognized arguments: --timing-repeats 1"),  # eval's: after --
+        (
+            ["--seeds", "5", "--setting", "slot_size=4,block_size=8", "--setting", "block_size=8,slot_size=4"],
+            "settings listed twice: block_size=8,slot_size=4, slot_size=4,block_size=8",
+        ),  # fmt: skip
     ],
 )
 def test_accuracy_speed_refuses_what_it_cannot_honour_before_any_evaluation(arguments, message, tmp_path,
