@@ -335,9 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[dict]]:
+    """The arguments and the grid's settings, every refusal made here, before any evaluation runs."""
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])  # before `--`: this tool's flags only
     args.eval_flags = argv[split + 1 :]
@@ -364,7 +364,12 @@ def main(argv: list[str] | None = None) -> None:
         if set(args.choose_on) - listed:
             parser.error(f"--choose-on {sorted(set(args.choose_on) - listed)}: not listed in {args.decision_seeds}; "
                          "list a seed there before choosing on it")  # fmt: skip
+    return args, settings
 
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args, settings = parse(argv)
     rows, evaluations = [], []
 
     def run_group(group: str, seeds: list[int], chosen_from: list[dict]) -> dict:
@@ -383,15 +388,15 @@ def main(argv: list[str] | None = None) -> None:
                 summary.setdefault(suite, {})[setting_name(setting)] = summarize(measured)
         return summary
 
-    def pooled(by_suite: dict) -> dict[str, dict]:
-        """Each setting's runs over every suite as one group (the choice is made over all of them)."""
-        names = {name for per_suite in by_suite.values() for name in per_suite}
+    def pooled() -> dict[str, dict]:
+        """Each setting's choice runs over every suite as one group (the choice is made over all of them)."""
+        names = [setting_name(s) for s in settings]
         return {name: summarize([r for r in rows if r["group"] == "choice" and r["setting"] == name]) for name in names}
 
     results: dict = {}
     if args.choose_on:
         choice_summary = run_group("choice", args.choose_on, settings)
-        chosen = choose(pooled(choice_summary), args.target_ratio)
+        chosen = choose(pooled(), args.target_ratio)
         chosen_setting = next((s for s in settings if setting_name(s) == chosen), None)
         reported = run_group("reported", args.seeds, [chosen_setting]) if chosen_setting is not None else {}
         verdict = [s for per_suite in reported.values() for s in per_suite.values()]
@@ -399,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
             "setting": chosen,
             "knobs": chosen_setting,
             "meets_targets_on_choice_seeds": chosen is not None
-            and meets(pooled(choice_summary)[chosen], args.target_points, args.target_ratio),
+            and meets(pooled()[chosen], args.target_points, args.target_ratio),
             "goal_met": bool(verdict) and all(meets(s, args.target_points, args.target_ratio) for s in verdict),
         }
         results["summary"] = {"choice": choice_summary, "reported": reported}
