@@ -1,4 +1,5 @@
-"""Long prompts: peak memory and time of ReFusion decoding against stock `generate()` on the same weights (issue 38).
+"""Long prompts: peak memory and time of ReFusion decoding against stock `generate()` on the same weights, through
+`generate()` or through `refusion serve` (`--through serve`).
 
 A Qwen3-shaped model with random weights (memory and time do not depend on them) and a context of 40,960 positions
 (the official checkpoint's): hidden 128, 2 layers, 2 query heads and 1 key/value head of 64, MLP 384, a 2,048-token
@@ -25,7 +26,31 @@ per setting, the ways alternating, and each measure is the median of its R calls
 process is capped at `--memory-cap-gib` of address space, so a way that would need more fails with a MemoryError
 (reported) instead of filling the machine.
 
+`--through serve`: the same check from outside, through the real server. The model is this Qwen3 shape with the
+embedded model's tokenizer and vocabulary, saved twice in a temporary folder: as a ReFusion checkpoint
+(`save_pretrained`, which also writes its remote code) and, with the same weights, as a stock `Qwen3ForCausalLM`.
+The prompt is one chat message ("apples " repeated) rendered by the tokenizer's chat template to about `--lengths`
+tokens, batch 1, float32. Each way runs in a fresh process:
+
+* `stock` and `refusion`: `from_pretrained(...).generate` of the rendered prompt (greedy; ReFusion with its saved
+  generation config), the growth measured as above;
+* `serve`: `refusion serve FOLDER --max-model-len 40960` as a subprocess; one short chat request warms it up, then
+  the server's peak resident memory is reset (`/proc/PID/clear_refs`, 5) and the long chat request is sent with the
+  `openai` client over 127.0.0.1 (temperature 0); its growth is the server's `VmHWM` after the request minus its
+  `VmRSS` before it;
+* `serve_default_arenas`: the same server with glibc's own arena limit in its environment (`MALLOC_ARENA_MAX`, 8
+  per core), which `refusion serve` leaves alone: what the server cost before it limited malloc to one arena
+  (serving/malloc_arenas.py).
+
+With `--repeats R` every way runs R times per length, each time in a fresh process (a fresh server), the ways
+alternating; each reports the median of its calls and keeps every call under `calls` (one call is noisy: two calls
+of one way at 16k once grew by 151 and 203 MiB). The goal: `refusion` and `serve` at most 1.25x stock's growth.
+The flags of the generate comparison's grid (batch sizes, dtypes, slot and block size, a baseline commit, the
+memory cap) do not apply to it and are refused.
+
     nice -n 0 .venv/bin/python benchmarks/long_context.py --baseline 54d7d0c --out benchmarks/results/long_context.json
+    nice -n 0 .venv/bin/python benchmarks/long_context.py --through serve --repeats 3 \\
+        --out benchmarks/results/long_context_serve.json
 """
 
 from __future__ import annotations
@@ -177,6 +202,172 @@ def median_run(runs: list[dict], measures=MEASURES, listed_as: str = "runs") -> 
     return summary
 
 
+SERVE_WAYS = ("stock", "refusion", "serve", "serve_default_arenas")
+# glibc's own arena limit (8 per core on 64-bit), given as an operator would: `refusion serve` then leaves it alone
+DEFAULT_ARENAS = {"MALLOC_ARENA_MAX": str(8 * (os.cpu_count() or 1))}
+SERVE_GOAL = 1.25
+SERVE_MEASURES = ("peak_growth_mib", "seconds")  # per call; each way reports their medians
+
+
+def save_models(folder: Path) -> None:
+    """The ReFusion checkpoint (folder/refusion) and the same weights as stock Qwen3 (folder/stock)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from refusion_hf import RefusionConfig, RefusionForCausalLM
+    from refusion_hf.modeling.loading import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    embedded = RefusionConfig.from_pretrained(default_model_path())
+    special = {key: getattr(embedded, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id")}
+    shape = {**SHAPE, "vocab_size": embedded.vocab_size, "tie_word_embeddings": False}
+    torch.manual_seed(0)
+    model = RefusionForCausalLM(RefusionConfig(**shape, **special)).eval()
+    model.save_pretrained(folder / "refusion")
+    tokenizer.save_pretrained(folder / "refusion")
+    stock_special = {key: value for key, value in special.items() if key != "mask_token_id"}
+    stock = Qwen3ForCausalLM(Qwen3Config(**shape, **stock_special))
+    stock.load_state_dict(model.state_dict())
+    stock.save_pretrained(folder / "stock")
+    tokenizer.save_pretrained(folder / "stock")
+
+
+def message(tokenizer, length: int) -> str:
+    """A user message whose chat-templated prompt has about `length` tokens."""
+    overhead = len(tokenizer.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True))
+    per_word = len(tokenizer("apples " * 100)["input_ids"]) / 100
+    return "apples " * int((length - overhead) / per_word)
+
+
+def chat_inputs(tokenizer, length: int):
+    chat = [{"role": "user", "content": message(tokenizer, length)}]
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+
+def measure_generate(way: str, folder: Path, length: int, max_new_tokens: int, threads: int) -> dict:
+    """`--through serve`'s generate ways; runs in its own process."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from refusion_hf import RefusionForCausalLM
+
+    torch.set_num_threads(threads)
+    model_class = Qwen3ForCausalLM if way == "stock" else RefusionForCausalLM
+    model = model_class.from_pretrained(folder / way, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder / way)
+    inputs = chat_inputs(tokenizer, length)
+    model.generate(**chat_inputs(tokenizer, 64), max_new_tokens=4, do_sample=False)  # warm-up: lazy allocations
+    before, peak_before = current_rss_bytes(), peak_rss_bytes()
+    start = time.perf_counter()
+    out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    seconds = time.perf_counter() - start
+    return {
+        "prompt_tokens": int(inputs["input_ids"].shape[1]),
+        "new_tokens": int(out.shape[1] - inputs["input_ids"].shape[1]),
+        "peak_growth_mib": round((max(peak_rss_bytes(), peak_before) - before) / 2**20, 1),
+        "seconds": round(seconds, 3),
+    }
+
+
+def status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def measure_serve(folder: Path, length: int, args, env: dict[str, str] | None = None) -> dict:
+    from serve_load import start_server
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder / "refusion")
+    flags = ["--max-model-len", str(SHAPE["max_position_embeddings"])]
+    process, client, name = start_server(str(folder / "refusion"), "float32", flags, threads=args.threads, env=env)
+    try:
+
+        def ask(content: str, tokens: int):
+            return client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": content}], max_tokens=tokens, temperature=0
+            )
+
+        ask(message(tokenizer, 64), 4)  # warm-up, as the generate ways
+        before = status_kib(process.pid, "VmRSS")
+        Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # reset VmHWM to the current resident size
+        start = time.perf_counter()
+        reply = ask(message(tokenizer, length), args.max_new_tokens)
+        seconds = time.perf_counter() - start
+        peak = status_kib(process.pid, "VmHWM")
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    return {
+        "prompt_tokens": reply.usage.prompt_tokens,
+        "new_tokens": reply.usage.completion_tokens,
+        "peak_growth_mib": round((peak - before) / 1024, 1),
+        "seconds": round(seconds, 3),
+    }
+
+
+def run_serve_way(way: str, folder: Path, length: int, args) -> dict:
+    """One call of a `--through serve` way (the generate ways in a fresh process)."""
+    if way.startswith("serve"):
+        return measure_serve(folder, length, args, DEFAULT_ARENAS if way != "serve" else None)
+    command = [sys.executable, __file__, "--through", "serve", "--one", way, "--folder", str(folder), "--lengths",
+               str(length), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    completed = subprocess.run(command, capture_output=True, text=True, env=env)
+    if completed.returncode != 0:
+        return {"failed": (completed.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def serve_rows(args) -> list[dict]:
+    """`--through serve`: per length, every way's median call and the ratios to stock."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        save_models(Path(folder))
+        for length in args.lengths:
+            calls = {way: [] for way in SERVE_WAYS}
+            for repeat in range(args.repeats):  # the ways alternate: drift in the machine's speed hits each alike
+                for way in SERVE_WAYS if repeat % 2 == 0 else SERVE_WAYS[::-1]:
+                    calls[way].append(run_serve_way(way, Path(folder), length, args))
+            row = {"prompt_length": length}
+            row.update({way: median_run(calls[way], SERVE_MEASURES, "calls") for way in SERVE_WAYS})
+            if not any("failed" in row[way] for way in SERVE_WAYS):
+                for way in SERVE_WAYS[1:]:
+                    row[f"{way}_peak_growth_ratio"] = round(
+                        row[way]["peak_growth_mib"] / row["stock"]["peak_growth_mib"], 3
+                    )
+                row["goal_met"] = max(row["refusion_peak_growth_ratio"], row["serve_peak_growth_ratio"]) <= SERVE_GOAL
+            print(json.dumps(row), file=sys.stderr)
+            rows.append(row)
+    return rows
+
+
+def write_serve_results(args) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from decoding_speed import git
+    from results_file import write_results
+
+    head = git("rev-parse", "--short", "HEAD")
+    rows = serve_rows(args)
+    write_results(
+        {
+            "command": " ".join(sys.argv),
+            "head": head,
+            "through": "serve",
+            "shape": SHAPE,
+            "max_new_tokens": args.max_new_tokens,
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "goal": f"refusion and serve peak growth at most {SERVE_GOAL}x stock generate's",
+            "load_average": [round(load, 2) for load in os.getloadavg()],
+            "rows": rows,
+        },
+        args.out,
+    )
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -191,23 +382,53 @@ def csv_ints(text: str) -> list[int]:
     return values
 
 
+# The generate comparison's own flags and their defaults (None in the parser: `--through serve` refuses them given)
+GENERATE_ONLY = dict(
+    batch_sizes=[1, 4], dtypes="float32,bfloat16", slot_size=8, block_size=32, memory_cap_gib=16.0, baseline=None,
+    baseline_lengths=[1024, 4096, 16384],
+)  # fmt: skip
+DEFAULT_LENGTHS = {"generate": [1024, 4096, 16384, 32768], "serve": [16384, 32768]}
+DEFAULT_OUT = {"generate": "long_context.json", "serve": "long_context_serve.json"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=csv_ints, default=[1024, 4096, 16384, 32768])
-    parser.add_argument("--batch-sizes", type=csv_ints, default=[1, 4])
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--through", choices=("generate", "serve"), default="generate",
+                        help="compare through generate() (default) or through refusion serve")  # fmt: skip
+    parser.add_argument("--lengths", type=csv_ints, default=None,
+                        help="prompt lengths (default: 1024,4096,16384,32768; through serve 16384,32768)")  # fmt: skip
+    parser.add_argument("--batch-sizes", type=csv_ints, default=None, help="default 1,4")
+    parser.add_argument("--dtypes", default=None, help="default float32,bfloat16")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--slot-size", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--slot-size", type=int, default=None, help="default 8")
+    parser.add_argument("--block-size", type=int, default=None, help="default 32")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--memory-cap-gib", type=float, default=16.0)
+    parser.add_argument("--memory-cap-gib", type=float, default=None, help="default 16")
     parser.add_argument("--repeats", type=positive_int, default=1,
                         help="calls per way and setting, alternating; each measure is their median")  # fmt: skip
     parser.add_argument("--baseline", help="also run ReFusion decoding of this commit (`git archive`)")
-    parser.add_argument("--baseline-lengths", type=csv_ints, default=[1024, 4096, 16384])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "long_context.json"))
+    parser.add_argument("--baseline-lengths", type=csv_ints, default=None, help="default 1024,4096,16384")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/long_context.json "
+                        "(through serve: long_context_serve.json)")  # fmt: skip
     parser.add_argument("--one", choices=WAYS, help=argparse.SUPPRESS)  # internal: one measurement in this process
+    parser.add_argument("--folder", help=argparse.SUPPRESS)  # internal, through serve: the saved models
     args = parser.parse_args()
+    if args.through == "serve":
+        given = [name for name in GENERATE_ONLY if getattr(args, name) is not None]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            parser.error(f"{flags}: not used --through serve (batch 1, float32, the saved generation config)")
+    for name, default in GENERATE_ONLY.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    args.lengths = args.lengths or DEFAULT_LENGTHS[args.through]
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / DEFAULT_OUT[args.through])
+    if args.through == "serve":
+        if args.one:
+            result = measure_generate(args.one, Path(args.folder), args.lengths[0], args.max_new_tokens, args.threads)
+            print(json.dumps(result))
+            return
+        return write_serve_results(args)
     dtypes = args.dtypes.split(",")
     if any(dtype not in ("float32", "bfloat16", "float16") for dtype in dtypes):
         parser.error(f"--dtypes: float32, bfloat16 or float16, comma-separated; got {args.dtypes!r}")
@@ -258,6 +479,7 @@ def main() -> None:
         {
             "command": " ".join(sys.argv),
             "head": head,
+            "through": "generate",
             "shape": SHAPE,
             "max_new_tokens": args.max_new_tokens,
             "slot_size": args.slot_size,

@@ -1,6 +1,5 @@
 """Smoke tests of the benchmarks at tiny sizes (the GPU-readiness one at its CPU shape; the real run needs a GPU)."""
 
-import argparse
 import json
 import subprocess
 import sys
@@ -55,31 +54,6 @@ def test_decoding_speed_compares_against_a_commit_in_fresh_processes(tmp_path):
             assert setup["before_first_forward"] > 0 and setup["after_last_forward"] > 0
 
 
-def test_heldout_comparison_runs_end_to_end_on_the_fixture(tmp_path):
-    """The held-out comparison at a tiny size: ReFusion decoding of a model beside a baseline model, plus a previous
-    model, on two seeds; every row has what the summary needs."""
-    fixture = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
-    out = tmp_path / "heldout.json"
-    command = [sys.executable, "heldout_comparison.py", "--model", str(fixture), "--baseline-model", str(fixture),
-               "--previous-model", str(fixture), "--seeds", "1,2", "--limit", "2", "--num-threads", "1",
-               "--out", str(out), "--", "--max-new-tokens", "6", "--timing-repeats", "1"]  # fmt: skip
-    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    results = json.loads(out.read_text())
-    assert [row["seed"] for row in results["seeds"]] == [1, 2]
-    targets = results["targets"]
-    for row in results["seeds"]:
-        assert row["speedup"] > 0 and 0 <= row["refusion_accuracy"] <= 1 and "previous_accuracy" in row
-        behind = 100 * (row["baseline_accuracy"] - row["refusion_accuracy"])
-        assert row["points_behind"] == pytest.approx(behind, abs=0.01)
-        assert row["speedup"] == pytest.approx(row["refusion_tokens_per_second"] / row["baseline_tokens_per_second"])
-        close = row["points_behind"] <= targets["points_behind_at_most"]
-        assert row["meets_targets"] is (close and row["speedup"] >= targets["speedup_at_least"])
-    summary = results["summary"]
-    assert summary["seeds_meeting_targets"] == sum(row["meets_targets"] for row in results["seeds"])
-    assert summary["min_speedup"] == min(row["speedup"] for row in results["seeds"])
-
-
 def _import_benchmark(name: str):
     """A module of benchmarks/ (they import each other as top-level modules)."""
     import importlib
@@ -89,83 +63,124 @@ def _import_benchmark(name: str):
     return importlib.import_module(name)
 
 
-def test_remasking_runs_end_to_end_on_the_fixture(tmp_path):
-    """The remasking benchmark at a tiny size, revision off (what every checkout can run): each slot setting on
-    each seed, side by side with the baseline; the multi-slot flags reach the decoder; no threshold is recommended
-    when none was tried."""
-    fixture = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
-    out = tmp_path / "remasking.json"
-    command = [sys.executable, "remasking.py", "--model", str(fixture), "--baseline-model", str(fixture),
-               "--thresholds", "none", "--slot-settings", "installed,4x8", "--tuning-seeds", "1",
-               "--heldout-seeds", "2", "--limit", "2", "--num-threads", "1", "--out", str(out), "--",
+FIXTURE = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
+
+
+def _accuracy_speed(tmp_path, *arguments: str) -> dict:
+    """`accuracy_speed.py` on the fixture (as model and as baseline), two problems a seed, six tokens, one timing."""
+    out = tmp_path / "accuracy_speed.json"
+    command = [sys.executable, "accuracy_speed.py", "--model", str(FIXTURE), "--baseline-model", str(FIXTURE),
+               "--limit", "2", "--num-threads", "1", *arguments, "--out", str(out), "--",
                "--max-new-tokens", "6", "--timing-repeats", "1"]  # fmt: skip
     completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    results = json.loads(out.read_text())
-    runs = results["runs"]
-    assert [(r["group"], r["seed"], r["slots"]) for r in runs] == [
-        ("tuning", 1, "installed"), ("tuning", 1, "4x8"), ("held_out", 2, "installed"), ("held_out", 2, "4x8")
+    return json.loads(out.read_text())
+
+
+def test_accuracy_speed_reports_every_setting_beside_the_baseline_on_unlisted_seeds(tmp_path):
+    """The evidence / frontier form: each setting (the installed config and one over it) on each seed, side by side
+    with the baseline; the setting reaches the decoder; every row has what its summary is made of; the full eval
+    results are kept, each checked against the decision seeds."""
+    listed = tmp_path / "decision_seeds.json"
+    listed.write_text(json.dumps({"seeds": [{"seed": 1, "used_for": "a test"}]}))
+    results = _accuracy_speed(tmp_path, "--setting", "installed", "--setting", "slot_size=2,block_size=4",
+                              "--seeds", "2,3", "--decision-seeds", str(listed))  # fmt: skip
+    assert results["provenance"]["command"].startswith("python benchmarks/accuracy_speed.py --model")
+    rows = results["seeds"]
+    assert [(r["setting"], r["seed"]) for r in rows] == [
+        ("installed", 2), ("installed", 3), ("slot_size=2,block_size=4", 2), ("slot_size=2,block_size=4", 3)
     ]  # fmt: skip
-    for run in runs:
-        decoding = run["refusion_decoding"]
-        assert (decoding["slot_size"], decoding["block_size"]) == ((4, 8) if run["slots"] == "4x8" else (32, None))
-        assert run["remask_threshold"] is None and run["extra_forwards_per_answer"] == 0
-        assert run["revised_tokens"] in (None, 0) and run["answers"] == 2
-        assert run["speedup"] == pytest.approx(run["refusion_tokens_per_second"] / run["baseline_tokens_per_second"])
-    off = results["summary"]["held_out"]["4x8"]["off"]
-    assert off["seeds"] == [2] and off["min_speedup"] == runs[3]["speedup"]
-    assert off["gap_closed"] is None and off["gap_closed_vs_installed_off"] is None  # no gap: the fixture scores 0
-    assert results["recommended_remask_threshold"] is None and results["install"] is False
+    for row in rows:
+        decoding = row["refusion_decoding"]
+        assert (decoding["slot_size"], decoding["block_size"]) == (
+            (2, 4) if row["setting"] != "installed" else (32, None)
+        )
+        assert row["speedup"] == pytest.approx(row["refusion_tokens_per_second"] / row["baseline_tokens_per_second"])
+        assert row["points_behind"] == pytest.approx(100 * (row["baseline_accuracy"] - row["refusion_accuracy"]))
+        assert row["num_problems"] == 2 and row["meets_targets"] is False  # the fixture scores 0 and is slow
+    summary = results["summary"]["reported"]["synthetic"]["slot_size=2,block_size=4"]
+    assert summary["seeds"] == [2, 3] and summary["min_speedup"] == min(r["speedup"] for r in rows[2:])
+    assert set(results["frontier"]["synthetic"]) <= set(results["settings"]) and results["frontier"]["synthetic"]
+    evaluations = results["evaluations"]
+    assert [e["settings"]["seed"] for e in evaluations] == [2, 3, 2, 3]
+    assert {e["settings"]["seed_checked_against"] for e in evaluations} == {str(listed)}
 
 
-def test_remasking_chooses_the_threshold_on_tuning_seeds_by_accuracy_at_twice_the_baseline_speed():
-    remasking = _import_benchmark("remasking")
+def test_accuracy_speed_chooses_on_decision_seeds_and_judges_the_choice_on_another(tmp_path):
+    """The choice form on both tiers: the grid's product on the --choose-on seed, the rule's choice (over both
+    suites) alone on the reported seed."""
+    accuracy_speed = _import_benchmark("accuracy_speed")
+    listed = tmp_path / "decision_seeds.json"
+    listed.write_text(json.dumps({"seeds": [1]}))
+    results = _accuracy_speed(tmp_path, "--suite", "synthetic,synthetic-hard", "--grid", "token_threshold=0.5,0.9",
+                              "--choose-on", "1", "--seeds", "2", "--decision-seeds", str(listed),
+                              "--target-ratio", "0")  # fmt: skip
+    choice_rows = [r for r in results["seeds"] if r["group"] == "choice"]
+    assert {(r["suite"], r["setting"], r["seed"]) for r in choice_rows} == {
+        (suite, f"token_threshold={t}", 1) for suite in ("synthetic", "synthetic-hard") for t in (0.5, 0.9)
+    }
+    pooled = {name: accuracy_speed.summarize([r for r in choice_rows if r["setting"] == name])
+              for name in results["settings"]}  # fmt: skip
+    chosen = results["choice"]["setting"]
+    assert chosen == accuracy_speed.choose(pooled, 0.0) and results["choice"]["knobs"] == results["settings"][chosen]
+    reported = [r for r in results["seeds"] if r["group"] == "reported"]
+    assert {(r["suite"], r["setting"], r["seed"]) for r in reported} == {
+        ("synthetic", chosen, 2),
+        ("synthetic-hard", chosen, 2),
+    }
+    assert [e["settings"]["seed"] for e in results["evaluations"]] == [2, 2]  # the reported runs' only
+    assert results["choice"]["goal_met"] is True  # 0 points behind (the fixture scores 0 on both) at >= 0x
 
-    def summary(accuracy, min_speedup, median_speedup=3.0):
-        return {"mean_accuracy": accuracy, "min_speedup": min_speedup, "median_speedup": median_speedup}
 
-    tuning = {None: summary(0.85, 3.6), 0.1: summary(0.90, 3.0), 0.2: summary(0.95, 1.9), 0.3: summary(0.90, 3.2, 3.3)}
-    assert remasking.recommend(tuning) == 0.3  # 0.2 is the most accurate but below 2x on a seed; 0.3 ties 0.1, faster
-    assert remasking.recommend({None: summary(0.90, 3.6), 0.1: summary(0.90, 3.0)}) is None  # not more accurate
-    assert remasking.recommend({0.1: summary(0.95, 3.0)}) is None  # nothing to compare with
-    # The same correct answers in another order of seeds: means that differ in the last bit are a tie, not a gain.
-    tie = {None: summary((0.875 + 0.95) / 2, 3.6), 0.1: summary((0.9 + 0.925) / 2, 3.0)}
-    assert tie[0.1]["mean_accuracy"] > tie[None]["mean_accuracy"] and remasking.recommend(tie) is None
+def test_accuracy_speed_choice_rule_and_frontier():
+    accuracy_speed = _import_benchmark("accuracy_speed")
 
-    def row(seed, accuracy, baseline=1.0):
-        return {"seed": seed, "refusion_accuracy": accuracy, "baseline_accuracy": baseline}
+    def summary(accuracy: float, min_speedup: float, median: float | None = None) -> dict:
+        return {"mean_accuracy": accuracy, "mean_points_behind": round(100 * (1 - accuracy), 2),
+                "min_speedup": min_speedup, "median_speedup": median or min_speedup}  # fmt: skip
 
-    off = [row(3, 0.8), row(5, 0.9)]
-    assert remasking.gap_closed([row(3, 0.9), row(5, 0.95)], off) == pytest.approx(0.15 / 0.3)
-    assert remasking.gap_closed([row(3, 0.7), row(5, 0.9)], off) == pytest.approx(-0.1 / 0.3)
-    assert remasking.gap_closed([row(3, 1.0, 0.8)], [row(3, 0.8, 0.8)]) is None  # no gap to close
+    grid = {"a": summary(0.99, 1.9), "b": summary(0.98, 2.1, 2.5), "c": summary(0.98, 2.2, 2.4)}
+    assert accuracy_speed.choose(grid, 2.0) == "b"  # a is below 2x; b ties c, faster at the median
+    assert accuracy_speed.choose({"a": summary(1.0, 1.5)}, 2.0) is None
+    assert accuracy_speed.meets(summary(0.98, 2.0), 3.0, 2.0) and not accuracy_speed.meets(summary(0.96, 3), 3, 2)
+    # c is as accurate as b and faster: b is behind the frontier; a is the most accurate; d is slower and worse
+    assert accuracy_speed.frontier({**grid, "d": summary(0.9, 1.0)}) == ["c", "a"]
 
 
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (["--thresholds", "none", "--tuning-seeds", "7", "--heldout-seeds", "7,11"], "seeds [7] are both tuning"),
-        (["--thresholds", "none,1.5"], "a remask threshold lies in (0, 1], got 1.5"),
-        (["--slot-settings", "8x12"], "8x12: the block size must be a multiple of the slot size"),
+        ([], "the following arguments are required: --seeds"),  # no default: a default seed would be reused
+        (["--seeds", "1"], "--seeds [1]: listed in"),
+        (["--seeds", "5", "--choose-on", "6"], "--choose-on [6]: not listed in"),
+        (["--seeds", "5", "--choose-on", "1,5"], "seeds [5] are in both --choose-on and --seeds"),
+        (["--seeds", "5", "--setting", "slot_size=8,block_size=12"], "setting slot_size=8,block_size=12: `block_size`"),
+        (["--seeds", "5", "--setting", "slot_size=0"], "slot_size: expected an integer >= 1, got 0"),
+        (["--seeds", "5", "--setting", "window=4"], "unknown decoding knob 'window'"),
+        (
+            ["--seeds", "5", "--setting", "block_size=8", "--grid", "block_size=8"],
+            "settings listed twice: block_size=8",
+        ),
+        (["--seeds", "5", "--grid", "plan_ahead=yes"], "plan_ahead: expected true or false"),
+        (["--seeds", "5", "--suite", "gsm8k"], "expected distinct seeded suites"),
+        (["--seeds", "5", "--", "--slot-size", "4"], "--slot-size after --: this tool sets it"),
+        (["--seeds", "5", "--", "--seed=3"], "--seed after --: this tool sets it"),
+        (["--seeds", "5", "--timing-repeats", "1"], "unrecognized arguments: --timing-repeats 1"),  # eval's: after --
+        (
+            ["--seeds", "5", "--setting", "slot_size=4,block_size=8", "--setting", "block_size=8,slot_size=4"],
+            "settings listed twice: block_size=8,slot_size=4, slot_size=4,block_size=8",
+        ),  # fmt: skip
     ],
 )
-def test_remasking_refuses_a_bad_grid_before_running_anything(arguments, message, monkeypatch, capsys):
-    remasking = _import_benchmark("remasking")
-    monkeypatch.setattr(sys, "argv", ["remasking.py", *arguments])
+def test_accuracy_speed_refuses_what_it_cannot_honour_before_any_evaluation(arguments, message, tmp_path,
+                                                                            monkeypatch, capsys):  # fmt: skip
+    accuracy_speed = _import_benchmark("accuracy_speed")
+    monkeypatch.setattr(accuracy_speed, "side_by_side", lambda *a, **k: pytest.fail("evaluated"))
+    listed = tmp_path / "decision_seeds.json"
+    listed.write_text(json.dumps({"seeds": [1]}))
     with pytest.raises(SystemExit) as exit_info:
-        remasking.main()
+        accuracy_speed.main(["--model", str(FIXTURE), "--decision-seeds", str(listed), *arguments])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
-
-
-def test_remasking_refuses_thresholds_where_the_decoder_cannot_revise(monkeypatch, capsys):
-    """Run against a checkout whose decoder has no knob (as before issue 31), the grid is refused in one line."""
-    remasking = _import_benchmark("remasking")
-    assert remasking.revision_available()  # this checkout's decoder has it
-    monkeypatch.setattr(remasking, "revision_available", lambda: False)
-    monkeypatch.setattr(sys, "argv", ["remasking.py", "--thresholds", "none,0.2"])
-    with pytest.raises(SystemExit) as exit_info:
-        remasking.main()
-    assert exit_info.value.code == 2 and "no remask_threshold knob yet" in capsys.readouterr().err
 
 
 def test_decoding_speed_passes_its_generate_kwargs_to_generate(tmp_path):
@@ -257,56 +272,6 @@ def test_serve_load_runs_a_small_load_and_its_checks_can_fail(tmp_path):
     assert failed(lambda r: r["server_metrics_after"].update(running=1)) == {"nothing_left_running"}
 
 
-def test_parallel_slots_runs_end_to_end_on_the_fixture_and_resumes(tmp_path):
-    """Issue 41's grid at a tiny size: every multi-slot decoding on the tuning seed side by side with the baseline
-    (its flags reach the decoder), the choice on the held-out seed, the plot; a second invocation with a wider grid
-    measures only what the first did not."""
-    fixture = BENCHMARKS.parent / "tests" / "data" / "tiny-qwen3-refusion"
-    out = tmp_path / "parallel_slots.json"
-
-    def invoke(remask: str) -> dict:
-        command = [sys.executable, "parallel_slots.py", "--model", str(fixture), "--baseline-model", str(fixture),
-                   "--slot-settings", "2x4", "--thresholds", "0.9/0.5", "--remask", remask, "--tuning-seeds", "1",
-                   "--heldout-seeds", "2", "--limit", "2", "--out", str(out), "--",
-                   "--max-new-tokens", "6", "--timing-repeats", "1"]  # fmt: skip
-        completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-        assert completed.returncode == 0, completed.stderr[-2000:]
-        return json.loads(out.read_text())
-
-    first = invoke("none")
-    [run] = [r for r in first["runs"] if r["group"] == "tuning"]
-    decoding = run["refusion_decoding"]
-    assert (decoding["slot_size"], decoding["block_size"], decoding["slot_threshold"]) == (2, 4, 0.9)
-    assert decoding["token_threshold"] == 0.5 and decoding["remask_threshold"] is None
-    assert run["speedup"] == pytest.approx(run["refusion_tokens_per_second"] / run["baseline_tokens_per_second"])
-    assert (tmp_path / "parallel_slots.png").stat().st_size > 0
-    choice = first["choice_on_tuning_seeds"]
-    held_out = [r["seed"] for r in first["runs"] if r["group"] == "held_out"]
-    if choice is None:  # the fixture's speed ratio decides whether anything is fast enough to be chosen
-        assert held_out == [] and first["held_out"] == {} and first["goal_met"] is False
-    else:
-        assert held_out == [2] and first["held_out"][choice]["seeds"] == [2]
-    second = invoke("none,0.5")
-    assert second["runs"][: len(first["runs"])] == first["runs"]  # measured once, kept
-    assert {r["decoding"] for r in second["runs"] if r["group"] == "tuning"} == set(second["tuning"])
-    assert len(second["tuning"]) == 2 and second["installed"] is False
-
-
-def test_parallel_slots_chooses_the_most_accurate_setting_at_twice_the_baseline_speed():
-    parallel_slots = _import_benchmark("parallel_slots")
-
-    def summary(accuracy: float, min_speedup: float, median: float | None = None) -> dict:
-        return {"mean_accuracy": accuracy, "mean_points_behind": round(100 * (1 - accuracy), 2),
-                "min_speedup": min_speedup, "median_speedup": median or min_speedup}  # fmt: skip
-
-    grid = {"a": summary(0.99, 1.9), "b": summary(0.98, 2.1, 2.5), "c": summary(0.98, 2.2, 2.4)}
-    assert parallel_slots.choose(grid) == ("b", True)  # a is below 2x; b ties c, faster at the median
-    assert parallel_slots.choose({"a": summary(0.95, 3.0)}) == ("a", False)  # the best there is, 5 points behind
-    assert parallel_slots.choose({"a": summary(1.0, 1.5)}) == (None, False)
-    with pytest.raises(argparse.ArgumentTypeError, match="at least two slots per block"):
-        parallel_slots._slot_settings("8x8")  # one slot per block is not what issue 41 measures
-
-
 def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
     """`long_context.py --repeats 2` at a tiny prompt, with a baseline commit: each way (the baseline's too) runs
     twice, every call is kept, each measure is the median of the calls, and the ratios are taken from the medians."""
@@ -327,6 +292,39 @@ def test_long_context_repeats_alternate_the_ways_and_report_medians(tmp_path):
     assert row["wall_time_ratio"] == pytest.approx(row["refusion"]["seconds"] / row["stock"]["seconds"], abs=1e-3)
     against = row["refusion"]["seconds"] / row["refusion_baseline"]["seconds"]
     assert row["against_baseline"]["seconds_ratio"] == pytest.approx(against, abs=1e-3)
+
+
+def test_long_context_through_serve_sends_the_same_prompt_to_the_server_and_to_generate(tmp_path):
+    """`long_context.py --through serve` at a short prompt: the real `refusion serve` (started and stopped by the
+    tool, 127.0.0.1) and stock / ReFusion `generate()` each get the same chat-templated prompt; the growth ratios
+    are taken against stock's, and the goal reads them."""
+    out = tmp_path / "long_context_serve.json"
+    command = [sys.executable, "long_context.py", "--through", "serve", "--lengths", "256", "--max-new-tokens", "4",
+               "--threads", "1", "--out", str(out)]  # fmt: skip
+    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["through"] == "serve" and results["provenance"]["command"].endswith(f"--out {out}")
+    (row,) = results["rows"]
+    ways = ("stock", "refusion", "serve", "serve_default_arenas")
+    assert len({row[way]["prompt_tokens"] for way in ways}) == 1 and abs(row["stock"]["prompt_tokens"] - 256) < 16
+    for way in ways[1:]:
+        ratio = row[way]["peak_growth_mib"] / row["stock"]["peak_growth_mib"]
+        assert row[f"{way}_peak_growth_ratio"] == pytest.approx(ratio, abs=1e-3)
+    goal = max(row["refusion_peak_growth_ratio"], row["serve_peak_growth_ratio"]) <= 1.25
+    assert row["goal_met"] is goal and all(0 < row[way]["new_tokens"] <= 4 for way in ways)
+
+
+def test_long_context_through_serve_refuses_the_generate_comparisons_flags(capsys, monkeypatch):
+    long_context = _import_benchmark("long_context")
+    monkeypatch.setattr(sys, "argv", ["long_context.py", "--through", "serve", "--batch-sizes", "4", "--baseline",
+                                      "HEAD"])  # fmt: skip
+    monkeypatch.setattr(long_context, "write_serve_results", lambda args: pytest.fail("measured"))
+    with pytest.raises(SystemExit) as exit_info:
+        long_context.main()
+    assert (
+        exit_info.value.code == 2 and "--batch-sizes, --baseline: not used --through serve" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
@@ -513,17 +511,24 @@ def test_the_readme_quotes_only_rows_of_the_results_page():
     assert [figure for figure in figures if figure not in page] == []
 
 
-def test_accuracy_frontier_sweeps_the_decodings_on_one_problem(tmp_path):
-    """The accuracy-against-speed sweep at a tiny size (the embedded model, which has a chat template; one problem):
-    every curve's every threshold pair, beside autoregressive decoding of the same weights, written with its plot."""
-    out = tmp_path / "frontier.json"
-    command = [sys.executable, "accuracy_frontier.py", "--ar-baseline", "none", "--limit", "1", "--max-new-tokens",
-               "6", "--out", str(out)]  # fmt: skip
-    completed = subprocess.run(command, cwd=BENCHMARKS, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    frontier = _import_benchmark("accuracy_frontier")
-    results = json.loads(out.read_text())
-    assert len(results["runs"]) == len(frontier.CURVES) * len(frontier.THRESHOLDS)
-    for run in results["runs"]:
-        assert 0 <= run["refusion"]["accuracy"] <= 1 and run["refusion"]["num_forward_passes"] > 0
-    assert "accuracy" in results["autoregressive_same_weights"] and out.with_suffix(".png").stat().st_size > 0
+def test_every_claim_is_rerun_by_a_tool_of_benchmarks():
+    """Each claim's rerun command names a script benchmarks/ has, and where the script builds its parser apart
+    (`build_parser`), the parser takes the command's flags (a tool removed or a flag renamed leaves no claim that
+    cannot be rerun)."""
+    import shlex
+
+    results_file = _import_benchmark("results_file")
+    for claim in results_file.CLAIMS:
+        words = shlex.split(claim.rerun)
+        script = BENCHMARKS.parent / words[1]
+        assert words[0] == "python" and script.is_file(), claim.rerun
+        if "def build_parser(" in script.read_text():
+            flags = words[2 : words.index("--")] if "--" in words else words[2:]
+            _import_benchmark(script.stem).build_parser().parse_args(flags)  # exits on an unknown or bad flag
+
+
+def test_benchmarks_are_a_few_tools():
+    """A handful of general tools with flags (issue 56: at most 8 scripts), not one script per experiment: an
+    experiment is a flag of the tool that measures its kind of figure."""
+    scripts = sorted(path.name for path in BENCHMARKS.glob("*.py"))
+    assert len(scripts) <= 8, scripts

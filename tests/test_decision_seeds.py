@@ -1,7 +1,7 @@
 """The evidence comes from seeds nothing was chosen on: benchmarks/decision_seeds.json lists every seed of the
 synthetic suite that informed a decision; every committed results JSON that ran on a seed ran on a listed one
 (tuning, judging, training), except the reported comparisons (`benchmarks/results/evidence_*.json`), which ran on
-unlisted seeds, checked by `refusion eval --decision-seeds` (benchmarks/heldout_comparison.py keeps each run's full
+unlisted seeds, checked by `refusion eval --decision-seeds` (benchmarks/accuracy_speed.py keeps each run's full
 eval results under "evaluations"), with at least 500 problems and a paired interval; and
 the seeds README's evidence paragraph and benchmarks/README's evidence section quote are unlisted."""
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from huggingface_hub import EvalResult
 
+from ..evaluation.tasks import SYNTHETIC_TIERS
 from ..generation.refusion_generation_config import DECODING_KNOBS
 from .errors import CardSourceError
 
-DECODING_MODES = ("refusion", "autoregressive")
 # Settings of a `refusion eval` report that the card repeats (metric args in the model-index, notes in the body).
 REPORTED_SETTINGS = (*DECODING_KNOBS, "temperature", "max_new_tokens")
 RUN_SETTINGS = ("seed", "limit", "split", "families", "num_problems", "batch_size", "dtype")
@@ -38,10 +38,15 @@ class SuiteInfo:
     dataset_split: str | None = "test"
 
 
-# Hub dataset ids of the public benchmarks `refusion eval` runs; unknown suites are reported under their own name.
+# The seeded suites under their own names, and the Hub dataset ids of the public benchmarks `refusion eval` runs;
+# unknown suites are reported under their own name.
 SUITES: dict[str, SuiteInfo] = {
-    "synthetic": SuiteInfo("synthetic", "refusion_hf synthetic suite", "accuracy"),
-    "synthetic-hard": SuiteInfo("synthetic-hard", "refusion_hf synthetic suite, hard tier", "accuracy"),
+    **{
+        suite: SuiteInfo(
+            suite, "refusion_hf synthetic suite" + ("" if tier == "standard" else f", {tier} tier"), "accuracy"
+        )
+        for suite, tier in SYNTHETIC_TIERS.items()
+    },
     "humaneval": SuiteInfo("openai/openai_humaneval", "HumanEval", "pass@1"),
     "gsm8k": SuiteInfo("openai/gsm8k", "GSM8K", "accuracy", dataset_config="main"),
     "mbpp": SuiteInfo("google-research-datasets/mbpp", "MBPP", "pass@1"),
@@ -73,7 +78,7 @@ class EvalReport:
     @property
     def dataset_config(self) -> str | None:
         # The synthetic suite draws its test problems from the seed: the seed *is* the dataset configuration.
-        if self.suite in ("synthetic", "synthetic-hard") and self.settings.get("seed") is not None:
+        if self.suite in SYNTHETIC_TIERS and self.settings.get("seed") is not None:
             return f"seed-{self.settings['seed']}"
         return self.suite_info.dataset_config
 
@@ -93,7 +98,7 @@ class EvalReport:
         problems from the seed, the public suites take the first N."""
         if self.limit is None:
             return None
-        if self.suite in ("synthetic", "synthetic-hard"):
+        if self.suite in SYNTHETIC_TIERS:
             seed = self.settings.get("seed")
             return f"{self.limit} problems drawn with seed {seed}" if seed is not None else f"{self.limit} problems"
         return f"the first {self.limit} problems only"

@@ -4,7 +4,7 @@ uvicorn's event loop, the template renderer and the decoding worker are separate
 thread that allocates concurrently its own malloc arena. Memory a long prompt's forward frees in one arena is not
 reused by another: with glibc's default arenas the server's long request grew its peak resident memory by 1.58x /
 1.37x what the same 16k / 32k-token prompt costs stock `generate()`, with one arena by 1.50x / 1.09x
-(`benchmarks/long_context_serve.py`, both ways side by side in one run). Large tensors are `mmap`ed by glibc
+(`benchmarks/long_context.py --through serve`, both ways side by side in one run). Large tensors are `mmap`ed by glibc
 whatever the arena count, so sharing one arena costs the server little: it serialises only small allocations. The
 limit is set before the model is loaded: once torch's worker threads have made arenas of their own, a thread that
 starts later reuses one of them whatever the limit.
