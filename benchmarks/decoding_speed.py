@@ -83,8 +83,10 @@ def extract_baseline(commit: str, folder: Path) -> Path:
         raise SystemExit(f"--baseline {commit}: {reason}")
     archive_path = folder / "baseline.tar"
     archive_path.write_bytes(archive.stdout)
+    # the "data" extraction filter where this Python has it (3.11.4 and later; Debian 12's python3 is 3.11.2)
+    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     with tarfile.open(archive_path) as tar:
-        tar.extractall(folder / "baseline", filter="data")
+        tar.extractall(folder / "baseline", **safe)
     return folder / "baseline" / "src"
 
 
