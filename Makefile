@@ -76,4 +76,5 @@ sglang: $(SGLANG_STAMP)
 # after `make test-matrix`
 test-sglang: sglang
 	$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/serving/test_sglang.py tests/serving/test_sglang_official.py \
-		tests/serving/test_sglang_serve.py tests/serving/test_sglang_launch.py tests/_compat/test_sglang.py
+		tests/serving/test_sglang_serve.py tests/serving/test_sglang_launch.py tests/serving/test_sglang_engine_throughput.py \
+		tests/_compat/test_sglang.py
