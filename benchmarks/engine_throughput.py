@@ -185,7 +185,8 @@ def generate_load(model, prompts: list[list[int]], concurrency: int, max_tokens:
     eos = config.eos_token_id
 
     def one(prompt):
-        out = model.generate(torch.tensor([prompt], device=model.device), generation_config=config)[0, len(prompt) :]
+        ids = torch.tensor([prompt], device=model.device)  # no padding (a prompt may hold the pad id)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)[0, len(prompt) :]
         out = out.tolist()
         return out[: out.index(eos) + 1] if eos in out else out
 

@@ -150,3 +150,19 @@ def test_without_sglang_one_line_names_how_to_install_it(monkeypatch, capsys):
 def test_the_refusion_engine_refuses_sglangs_flags(args, capsys):
     assert cli.main(["serve", *args]) == 2
     assert capsys.readouterr().err.startswith(f"refusion serve: error: {args[0].split('=')[0]} ")
+
+
+def test_knobs_a_checkpoint_leaves_unset_take_generates_defaults(tmp_path):
+    """A folder whose generation config has no ReFusion knob (a `save_pretrained` of a fresh model) decodes with the
+    knobs' declared defaults, as `generate()` merges them; an unset block_size is derived from slot_size as there."""
+    import shutil
+
+    from refusion_hf.generation.refusion_generation_config import REFUSION_FIELDS
+    from refusion_hf.serving.sglang_plugin import refusion_settings
+
+    shutil.copy(embedded_model_path() / "config.json", tmp_path / "config.json")
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 2}')
+    settings = refusion_settings(str(tmp_path), {"slot_size": 8, "block_size": 8})
+    assert (settings["slot_size"], settings["token_threshold"]) == (8, REFUSION_FIELDS["token_threshold"])
+    with pytest.raises(ValueError, match="block_size 128 with slot_size 8"):
+        refusion_settings(str(tmp_path), {"slot_size": 8})
