@@ -166,3 +166,16 @@ def test_knobs_a_checkpoint_leaves_unset_take_generates_defaults(tmp_path):
     assert (settings["slot_size"], settings["token_threshold"]) == (8, REFUSION_FIELDS["token_threshold"])
     with pytest.raises(ValueError, match="block_size 128 with slot_size 8"):
         refusion_settings(str(tmp_path), {"slot_size": 8})
+
+
+def test_a_folder_without_tokenizer_files_is_one_line(launched, capsys, tmp_path):
+    import shutil
+
+    folder = tmp_path / "weights-only"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(embedded_model_path() / name, folder / name)
+    status, flags, _ = launched(str(folder))
+    assert (status, flags) == (2, None)
+    error = capsys.readouterr().err
+    assert error.startswith(f"refusion serve: error: MODEL {folder}: the folder has no tokenizer files")

@@ -188,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
         model = args.model if args.model is not None else str(default_model_path())
         check_checkpoint_folder(model, "MODEL")
+        check_tokenizer_files(model, "MODEL")  # SGLang's server tokenizes and renders chat templates itself
         warn_if_open(args.host, args.api_key)
         return sglang_launch.run(args, model)
     refuse_engine_flags(args)
