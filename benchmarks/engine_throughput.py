@@ -180,13 +180,16 @@ def generate_load(model, prompts: list[list[int]], concurrency: int, max_tokens:
     import torch
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+    # The settings become the model's own generation config: a config passed to generate() is merged with the
+    # model's the stock way, where a field at its default (remask_threshold None) takes the model's value (0.1).
     config = copy.deepcopy(model.generation_config)
     config.update(**ONE_SLOT, do_sample=False, max_new_tokens=max_tokens)
+    model.generation_config = config
     eos = config.eos_token_id
 
     def one(prompt):
         ids = torch.tensor([prompt], device=model.device)  # no padding (a prompt may hold the pad id)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)[0, len(prompt) :]
+        out = model.generate(ids, attention_mask=torch.ones_like(ids))[0, len(prompt) :]
         out = out.tolist()
         return out[: out.index(eos) + 1] if eos in out else out
 
@@ -196,7 +199,7 @@ def generate_load(model, prompts: list[list[int]], concurrency: int, max_tokens:
         answers = [one(prompt) for prompt in prompts]
     else:
         rows = ContinuousBatchingConfig(max_requests_per_batch=concurrency)
-        results = model.generate_batch(prompts, generation_config=config, continuous_batching_config=rows)
+        results = model.generate_batch(prompts, continuous_batching_config=rows)
         answers = [list(results[f"req_{i}"].generated_tokens) for i in range(len(prompts))]
     return {"seconds": time.perf_counter() - start, "answers": answers}
 

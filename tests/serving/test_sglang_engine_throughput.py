@@ -15,18 +15,22 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+def benchmark_module():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import engine_throughput
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return engine_throughput
+
+
 def test_the_stock_qwen3_folder_holds_the_same_network(tmp_path):
     from transformers import Qwen3ForCausalLM
 
     from refusion_hf import RefusionForCausalLM
     from tests.serving.sglang_golden import embedded_model_path
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from engine_throughput import save_stock_qwen3
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    folder = save_stock_qwen3(str(embedded_model_path()), tmp_path / "qwen3")
+    folder = benchmark_module().save_stock_qwen3(str(embedded_model_path()), tmp_path / "qwen3")
     config = json.loads((folder / "config.json").read_text())
     assert (config["model_type"], config["architectures"], "mask_token_id" in config) == (
         "qwen3", ["Qwen3ForCausalLM"], False)  # fmt: skip
@@ -35,6 +39,22 @@ def test_the_stock_qwen3_folder_holds_the_same_network(tmp_path):
     refusion = RefusionForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32)
     ids = torch.tensor([[768, 5, 17, 300, 41, 2]])
     torch.testing.assert_close(stock(ids).logits, refusion(ids).logits, rtol=0, atol=0)
+
+
+def test_the_generate_engine_decodes_at_the_one_slot_settings():
+    """The `generate` engine's answers are generate()'s at slot = block = 8 without remasking (the golden file), alone
+    and batched: prompts 12 and 24 are ones the embedded model's own remasking (0.1) answers differently."""
+    from refusion_hf import RefusionForCausalLM
+    from tests.serving.sglang_golden import GOLDEN, embedded_model_path
+
+    golden = json.loads(GOLDEN.read_text())["embedded"]
+    engine_throughput = benchmark_module()
+    model = RefusionForCausalLM.from_pretrained(embedded_model_path(), dtype=torch.float32).eval()
+    prompts = [golden["prompts"][12], golden["prompts"][24]]
+    expected = [golden["answers"][12], golden["answers"][24]]
+    for concurrency in (1, 2):
+        load = engine_throughput.generate_load(model, prompts, concurrency, golden["max_new_tokens"])
+        assert load["answers"] == expected
 
 
 def test_a_tiny_run_of_all_three_engines(tmp_path):
