@@ -4,13 +4,13 @@ interpreter) decoding with `--dllm-algorithm ReFusion` (the plugin `sglang_plugi
 the rest (its HTTP server, tokenizer and detokenizer processes, scheduler, paged KV cache, batching, tensor
 parallelism).
 
-Every `refusion serve` flag is either given SGLang's flag of the same meaning (`FLAG_MAP` below, docs/serving.md)
-or refused by name; SGLang's other flags go through `--engine-args="..."` unchanged (after ours: the last wins).
-On a machine without a GPU the CPU arguments are added (`SGLANG_USE_CPU_ENGINE=1`, `--device cpu`, the
-`torch_native` attention backend, no CUDA graphs, a KV pool of the context length's tokens per running
-request and a small `--mem-fraction-static`: on CPU SGLang sizes its pool from the machine's free RAM).
-The decoding settings are checked here, before SGLang starts, so a configuration SGLang cannot decode exactly is
-one line naming it rather than a traceback from SGLang's scheduler process.
+Every `refusion serve` flag is either given SGLang's flag of the same meaning (`sglang_arguments`; the table is in
+docs/serving.md) or refused by name (`REFUSED`); SGLang's other flags go through `--engine-args="..."` unchanged
+(after ours: the last wins). On a machine without a GPU the CPU arguments are added (`SGLANG_USE_CPU_ENGINE=1`,
+`--device cpu`, the `torch_native` attention backend, no CUDA graphs, a KV pool of the context length's tokens per
+running request and a small `--mem-fraction-static`: on CPU SGLang sizes its pool from the machine's free RAM). The
+decoding settings are checked here, before SGLang starts, so a configuration SGLang cannot decode exactly is one
+line naming it rather than a traceback from SGLang's scheduler process.
 """
 
 from __future__ import annotations
@@ -24,23 +24,9 @@ from ..command_inputs import CommandError
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
 
 INSTALL_HINT = "`make sglang` (a CPU-only machine: .venv-sglang/bin/refusion) or pip install -e '.[sglang]' (a GPU)"
-CPU_MEM_FRACTION = 0.05  # of the machine's RAM, for weights and KV pool (SGLang's CPU platform: total RAM)
+CPU_MEM_FRACTION = 0.05  # SGLang's --mem-fraction-static on CPU, where its KV budget is drawn from the free RAM
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float32": "float32"}
 
-# `refusion serve` flag -> what it becomes for SGLang (docs/serving.md, "Flags with --engine sglang")
-FLAG_MAP = {
-    "MODEL": "--model-path (default: the embedded model)",
-    "--host, --port": "--host, --port",
-    "--dtype": "--dtype (auto: the checkpoint's own as SGLang reads it; float64 refused)",
-    "--device": "auto: cuda if a GPU is visible, else the CPU arguments; cpu; cuda; cuda:N (--base-gpu-id N)",
-    "--continuous-batching, --max-num-seqs N": "--max-running-requests N (default 16); without it, 1",
-    "--served-model-name NAME": "--served-model-name (one name)",
-    "--max-model-len N": "--context-length N",
-    "--api-key": "--api-key",
-    "--max-queued-requests N": "--max-queued-requests N",
-    "--log-level": "--log-level",
-    "--dllm-algorithm-config FILE": "--dllm-algorithm-config FILE (ReFusion's settings, YAML)",
-}
 # refusion serve's own server features, which SGLang's server does not have: refused by name with --engine sglang
 REFUSED = {
     "attn_implementation": ("--attn-implementation", 'pass SGLang\'s --engine-args="--attention-backend NAME"'),
@@ -120,8 +106,8 @@ def device_arguments(device: str, gpu: bool, kv_tokens: int) -> list[str]:
 
 
 def sglang_arguments(args: argparse.Namespace, model: str, gpu: bool, context_length: int) -> list[str]:
-    """SGLang's launch arguments for `refusion serve --engine sglang` with `args` (see `FLAG_MAP`); on CPU the KV
-    pool holds `context_length` tokens (`--max-model-len`, else the model's) for each running request."""
+    """SGLang's launch arguments for `refusion serve --engine sglang` with `args` (docs/serving.md's table); on CPU
+    the KV pool holds `context_length` tokens (`--max-model-len`, else the model's) for each running request."""
     for name, (flag, instead) in REFUSED.items():
         if getattr(args, name) not in (None, False):
             raise CommandError(f"{flag} is refusion serve's own; with --engine sglang {instead}.")
