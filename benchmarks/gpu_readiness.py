@@ -21,8 +21,8 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
     token is timed as `long_context.py` times it (`FirstTokenClock`), with the device synchronised before the clock
     is read.
 
-(e) `--sections sglang_engines` (not in the default: it needs SGLang, `pip install -e ".[sglang]"` in a CUDA torch
-    environment): the same model saved as a ReFusion folder (with the embedded model's tokenizer: ids under the
+(e) `--sections sglang_engines` (not in the default: it needs SGLang, `pip install -e ".[sglang,serving]"` in a CUDA
+    torch environment): the same model saved as a ReFusion folder (with the embedded model's tokenizer: ids under the
     vocabulary) and `engine_throughput.measure_engines` on it, TP 1: ReFusion on SGLang (`refusion serve --engine
     sglang`, slot = block = 8), the same weights as a stock Qwen3 on SGLang (autoregressive), and `generate()`, at
     1, 4 and 16 concurrent requests (16 requests each, `--sglang-max-tokens` new tokens; random weights almost

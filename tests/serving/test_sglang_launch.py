@@ -142,7 +142,7 @@ def test_without_sglang_one_line_names_how_to_install_it(monkeypatch, capsys):
     assert cli.main(["serve", "--engine", "sglang"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("refusion serve: error: --engine sglang: SGLang is not installed")
-    assert "make sglang" in error and "pip install -e '.[sglang]'" in error
+    assert "make sglang" in error and "pip install -e '.[sglang,serving]'" in error
     assert len(error.strip().splitlines()) == 1
 
 

@@ -23,7 +23,7 @@ import shlex
 from ..command_inputs import CommandError
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
 
-INSTALL_HINT = "`make sglang` (a CPU-only machine: .venv-sglang/bin/refusion) or pip install -e '.[sglang]' (a GPU)"
+INSTALL_HINT = "`make sglang` (CPU only: .venv-sglang/bin/refusion) or pip install -e '.[sglang,serving]' (a GPU)"
 CPU_MEM_FRACTION = 0.05  # SGLang's --mem-fraction-static on CPU, where its KV budget is drawn from the free RAM
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float32": "float32"}
 
@@ -43,7 +43,7 @@ def add_engine_arguments(parser) -> None:
         choices=("refusion", "sglang"),
         default="refusion",
         help="refusion: this package's server (generate()); sglang: SGLang's server with --dllm-algorithm ReFusion "
-        "(needs SGLang: make sglang, or pip install -e '.[sglang]'; docs/serving.md)",
+        "(needs SGLang: make sglang, or pip install -e '.[sglang,serving]'; docs/serving.md)",
     )
     parser.add_argument(
         "--dllm-algorithm-config",
