@@ -257,7 +257,7 @@ def measure_engines(model_dir: str, args) -> dict:
 def add_arguments(parser) -> None:
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--concurrency", nargs="+", type=positive, default=[1, 4, 16])
-    parser.add_argument("--requests", type=positive, default=32, help="requests at each concurrency (default 32)")
+    parser.add_argument("--requests", type=positive, default=96, help="requests at each concurrency (default 96)")
     parser.add_argument("--max-tokens", type=positive, default=48)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
