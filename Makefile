@@ -60,7 +60,8 @@ $(SGLANG_STAMP): setup.cfg $(SGLANG_SCAFFOLD)/requirements.txt $(SGLANG_SCAFFOLD
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang==0.5.23 triton torchvision==0.28.0
 	PIP_CONSTRAINT=$(SGLANG_SCAFFOLD)/constraints.txt $(SGLANG_VENV)/bin/pip install --quiet \
 		-r $(SGLANG_SCAFFOLD)/requirements.txt pytest
-	$(SGLANG_VENV)/bin/pip install --quiet --no-deps -e .
+	@# the package with what `refusion serve --engine sglang` imports (the `serving` extra), under the same pins
+	PIP_CONSTRAINT=$(SGLANG_SCAFFOLD)/constraints.txt $(SGLANG_VENV)/bin/pip install --quiet -e ".[serving]"
 	find $$($(SGLANG_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torchvision \
 		-name '*.so' -delete
 	$(SGLANG_VENV)/bin/python -c 'import sgl_kernel' 2>/dev/null || \
@@ -71,6 +72,9 @@ $(SGLANG_STAMP): setup.cfg $(SGLANG_SCAFFOLD)/requirements.txt $(SGLANG_SCAFFOLD
 
 sglang: $(SGLANG_STAMP)
 
-# The SGLang tests (one engine per module; start-up 30-70 s each) in .venv-sglang; `.ci/run` calls it after `make test`
+# The SGLang tests (one engine or server per module; start-up 30-70 s each) in .venv-sglang; `.ci/run` calls it
+# after `make test-matrix`
 test-sglang: sglang
-	$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/serving/test_sglang.py tests/serving/test_sglang_official.py tests/_compat/test_sglang.py
+	$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider tests/serving/test_sglang.py tests/serving/test_sglang_official.py \
+		tests/serving/test_sglang_serve.py tests/serving/test_sglang_launch.py tests/serving/test_sglang_engine_throughput.py \
+		tests/_compat/test_sglang.py

@@ -21,7 +21,17 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
     token is timed as `long_context.py` times it (`FirstTokenClock`), with the device synchronised before the clock
     is read.
 
+(e) `--sections sglang_engines` (not in the default: it needs SGLang, `pip install -e ".[sglang,serving]"` in a CUDA
+    torch environment): the same model saved as a ReFusion folder (with the embedded model's tokenizer: ids under the
+    vocabulary) and `engine_throughput.measure_engines` on it, TP 1: ReFusion on SGLang (`refusion serve --engine
+    sglang`, slot = block = 8), the same weights as a stock Qwen3 on SGLang (autoregressive), and `generate()`, at
+    1, 4 and 16 concurrent requests (16 requests each, `--sglang-max-tokens` new tokens; random weights almost
+    never emit EOS, so every answer runs to the limit). The model leaves the GPU first (the servers need its memory).
+    TP 2 needs two GPUs and `--sglang-tp-size 2` (SGLang's `--tp-size`: each server shards the weights over both;
+    `generate()` stays on one GPU). Not yet run on a GPU (no device lent since it was written).
+
     python benchmarks/gpu_readiness.py     # CUDA, 8B shape: all four sections took over 7.5 minutes on one H200
+    python benchmarks/gpu_readiness.py --sections sglang_engines   # 8B shape, one GPU; SGLang installed
     python benchmarks/gpu_readiness.py --repeats 2 --sections forward_latency,long_prompts   # 50 s there (2 ways)
     python benchmarks/gpu_readiness.py --shape tiny --device cpu   # the smoke test the suite runs
 """
@@ -48,6 +58,7 @@ SHAPES = {
 CACHE_LENGTHS = {"8b": (256, 1024, 4096), "tiny": (64, 256)}
 LONG_PROMPTS = {"8b": (4096, 16384, 32768), "tiny": (256, 1024)}
 SECTIONS = ("forward_latency", "end_to_end", "overhead", "long_prompts")
+OPTIONAL_SECTIONS = ("sglang_engines",)  # named in --sections only (SGLang installed); run after the others
 QUERY_LENGTHS = (1, 8, 16, 32, 64, 128)
 
 
@@ -222,6 +233,29 @@ def long_prompts(model, device, lengths, new_tokens: int, repeats: int) -> list[
     return rows
 
 
+def sglang_engines(model, device, max_tokens: int, tp_size: int) -> dict:
+    """(e): `model` saved as a ReFusion folder, then `engine_throughput.measure_engines` on it (the docstring)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import engine_throughput
+    from transformers import AutoTokenizer
+
+    from refusion_hf.modeling.loading import default_model_path
+
+    with tempfile.TemporaryDirectory(prefix="gpu-readiness-sglang-") as scratch:
+        folder = Path(scratch) / "refusion"
+        model.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(folder)
+        dtype = str(model.dtype).removeprefix("torch.")
+        model.to("cpu")  # the servers take the GPU's memory
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        settings = SimpleNamespace(engines=list(engine_throughput.ENGINES), concurrency=[1, 4, 16], requests=16,
+                                   max_tokens=max_tokens, dtype=dtype, device=device.type, tp_size=tp_size)  # fmt: skip
+        return engine_throughput.measure_engines(str(folder), settings)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
@@ -229,14 +263,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/gpu_readiness_<shape>_<device>.json")
     parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated, in this order: {', '.join(SECTIONS)} (default: all)")  # fmt: skip
+                        help=f"comma-separated, in this order: {', '.join(SECTIONS + OPTIONAL_SECTIONS)} (default: "
+                        f"{', '.join(SECTIONS)})")  # fmt: skip
+    parser.add_argument("--sglang-max-tokens", type=int, default=64, help="sglang_engines: new tokens per request")
+    parser.add_argument("--sglang-tp-size", type=int, default=1, help="sglang_engines: SGLang's --tp-size (GPUs)")
     args = parser.parse_args()
     sections = [name.strip() for name in args.sections.split(",") if name.strip()]
-    unknown = sorted(set(sections) - set(SECTIONS))
+    known = SECTIONS + OPTIONAL_SECTIONS
+    unknown = sorted(set(sections) - set(known))
     if not sections:
-        parser.error(f"--sections: name at least one of {', '.join(SECTIONS)}")
+        parser.error(f"--sections: name at least one of {', '.join(known)}")
     if unknown:
-        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_model(args.shape, device, dtype)
@@ -255,9 +293,10 @@ def main() -> None:
         "end_to_end": lambda: end_to_end(model, device, (1, 8), prompt_length, new_tokens, max(1, args.repeats // 2)),
         "overhead": lambda: overhead(model, device, prompt_length, new_tokens),
         "long_prompts": lambda: long_prompts(model, device, LONG_PROMPTS[args.shape], 32, max(1, args.repeats // 2)),
+        "sglang_engines": lambda: sglang_engines(model, device, args.sglang_max_tokens, args.sglang_tp_size),
     }
     out = args.out or Path(__file__).parent / "results" / f"gpu_readiness_{args.shape}_{args.device}.json"
-    for section in SECTIONS:  # each section's results are written as soon as it ends: a run cut short keeps them
+    for section in known:  # each section's results are written as soon as it ends: a run cut short keeps them
         if section in sections:
             start = time.perf_counter()
             results[section] = run[section]()

@@ -378,9 +378,10 @@ def test_the_recipe_keeps_both_branches_stage_times_when_they_finish_at_once(tmp
     [
         (
             "long_prompts,speed",
-            "--sections: unknown speed; choose from forward_latency, end_to_end, overhead, long_prompts",
+            "--sections: unknown speed; choose from forward_latency, end_to_end, overhead, long_prompts, "
+            "sglang_engines",
         ),
-        ("", "--sections: name at least one of forward_latency, end_to_end, overhead, long_prompts"),
+        ("", "--sections: name at least one of forward_latency, end_to_end, overhead, long_prompts, sglang_engines"),
         (" , ", "--sections: name at least one of"),
     ],
 )

@@ -150,14 +150,14 @@ def test_readme_shows_the_commands_ci_and_the_demo_run():
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if line.startswith("make ") and line.strip() != "make install"
     ]
-    assert ci_commands == ["make test", "make test-matrix"]
+    assert ci_commands == ["make test", "make test-matrix", "make test-sglang"]
     readme_commands = {
         line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("    ")
     }
     assert set(ci_commands) <= readme_commands
     assert any(command.startswith("make demo") for command in readme_commands)
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
-    assert {"test", "test-matrix", "demo"} <= targets
+    assert {"test", "test-matrix", "test-sglang", "demo"} <= targets
 
 
 @pytest.mark.parametrize("module", _modules())

@@ -60,3 +60,12 @@ def test_return_full_logits_sets_what_sglangs_diffusion_path_reads():
     processor.return_full_logits = False
     seam.return_full_logits(processor)
     assert processor.return_full_logits
+
+
+def test_serve_runs_sglangs_serve_command_with_the_arguments(capsys):
+    """`seam.serve(argv)` is `sglang serve ARGV...`: asked for help, it prints SGLang's launch flags (the ones
+    `refusion serve --engine sglang` builds among them) and returns without starting anything."""
+    seam.serve(["--model-type", "llm", "--help"])
+    printed = capsys.readouterr().out
+    for flag in ("--dllm-algorithm", "--dllm-algorithm-config", "--max-running-requests", "--context-length"):
+        assert flag in printed

@@ -10,6 +10,9 @@ general plugins under the entry-point group `sglang.srt.plugins`. The rest is in
   (SGLang's `HookRegistry`, AROUND) to answer for ReFusion checkpoints and leaves every other model to it;
 * the model-class table `ModelRegistry.models` gets the `RefusionForCausalLM` architecture name (SGLang's own
   Qwen3 class under that name: same weights, same forward);
+* `sglang.cli.serve.serve(args, extra_argv)`: what the `sglang serve` command runs (its plugins loaded, the model's
+  backend chosen, the server run until it stops, its child processes ended), called by `refusion serve --engine
+  sglang` in its own interpreter with the launch arguments it built;
 * `DllmAlgorithm.run` / `_run_sync` / `_block_start_list` / `max_steps` / `step`: the base class's loop, whose
   contract the algorithm implements (`step(forward_batch, full_logits, states) -> list[bool]`, the canvas in
   `forward_batch.input_ids`, emitted from `_block_start_list` on when every row is done).
@@ -44,6 +47,7 @@ PRIVATE_MEMBERS = (
     ("sglang.srt.models.qwen3:Qwen3ForCausalLM", "logits_processor", SET_BY_OWNER),
     ("sglang.srt.arg_groups.overrides", "declare_resolution", "(server_args, source, fields)"),
     ("sglang.srt.plugins.hook_registry:HookRegistry", "register", "(target, hook, hook_type, source)"),
+    ("sglang.cli.serve", "serve", "(args, extra_argv)"),
 )
 
 
@@ -88,3 +92,10 @@ def declare_server_args(server_args, owner: str, **fields) -> None:
     from sglang.srt.arg_groups.overrides import declare_resolution
 
     declare_resolution(server_args, owner, **fields)
+
+
+def serve(argv: list[str]) -> None:
+    """Run SGLang's server with the launch arguments `argv` (what `sglang serve ARGV...` runs), until it stops."""
+    from sglang.cli.serve import serve as sglang_serve
+
+    sglang_serve(None, argv)

@@ -1,7 +1,8 @@
 """`refusion serve [MODEL]`: an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`) with
 ReFusion decoding (`app.py`: the routes; `handler.py`: a request's path; `decoding.py`: the decoding worker).
 uvicorn runs the app until SIGINT / SIGTERM (`DrainingServer`: the waiting requests are answered 503 at once, the
-ones decoding get `--shutdown-timeout` seconds). The flags follow vLLM's (`docs/serving.md`)."""
+ones decoding get `--shutdown-timeout` seconds). The flags follow vLLM's (`docs/serving.md`). `--engine sglang` runs
+SGLang's server instead, with ReFusion decoding (`sglang_launch.py`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
 from ..modeling.checkpoint_checks import check_checkpoint_folder, check_tokenizer_files
 from ..modeling.loading import DTYPES, default_model_path
 from .prompts import TEMPLATE_MEMORY_BYTES, TEMPLATE_SECONDS  # standard library and jinja2 only
+from .sglang_launch import add_engine_arguments, refuse_engine_flags
 
+SHUTDOWN_SECONDS = 10.0  # --shutdown-timeout's default
 KEEP_ALIVE_SECONDS = 5  # an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)
 
 
@@ -145,7 +148,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--request-chat-template-seconds",
         type=positive_float,
-        default=TEMPLATE_SECONDS,
+        default=None,
         help="with --trust-request-chat-template: how long a request's template may render, in a process of its own "
         f"with {TEMPLATE_MEMORY_BYTES // 2**20} MiB of memory, before the request is refused "
         f"(default {TEMPLATE_SECONDS:g})",
@@ -164,15 +167,15 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--shutdown-timeout",
         type=non_negative_float,
-        default=10.0,
+        default=None,
         help="on SIGTERM / SIGINT: seconds the requests in flight get to finish before they are ended (default 10)",
     )
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    add_engine_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    require_extra("serving", "fastapi", "uvicorn", "openai", "prometheus_client")
     rows = args.max_requests_per_batch
     if rows is not None and rows > 1 and not args.continuous_batching:
         raise CommandError(
@@ -180,6 +183,16 @@ def run(args: argparse.Namespace) -> int:
             f"a time (--max-num-seqs 1); pass --continuous-batching to decode {rows} at once."
         )
     check_api_key(args.api_key)
+    if args.engine == "sglang":
+        from . import sglang_launch
+
+        model = args.model if args.model is not None else str(default_model_path())
+        check_checkpoint_folder(model, "MODEL")
+        check_tokenizer_files(model, "MODEL")  # SGLang's server tokenizes and renders chat templates itself
+        warn_if_open(args.host, args.api_key)
+        return sglang_launch.run(args, model)
+    refuse_engine_flags(args)
+    require_extra("serving", "fastapi", "uvicorn", "openai", "prometheus_client")
     warn_if_open(args.host, args.api_key)
     import uvicorn
 
@@ -204,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             trust_request_chat_template=args.trust_request_chat_template,
             api_key=args.api_key,
             max_queued_requests=args.max_queued_requests,
-            request_chat_template_seconds=args.request_chat_template_seconds,
+            request_chat_template_seconds=args.request_chat_template_seconds or TEMPLATE_SECONDS,
         )
     except ServeOptionError as error:
         raise CommandError(str(error)) from None
@@ -215,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_graceful_shutdown=SHUTDOWN_SECONDS if args.shutdown_timeout is None else args.shutdown_timeout,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         http=HeadDeadlineProtocol,
     )

@@ -66,6 +66,7 @@ def refusion_settings(model_path: str, overrides: dict) -> dict:
     from transformers import AutoConfig
 
     from refusion_hf.generation import RefusionGenerationConfig
+    from refusion_hf.generation.refusion_generation_config import REFUSION_FIELDS, decoding_knob_values
 
     model_config = AutoConfig.from_pretrained(model_path)
     mask_id = getattr(model_config, "mask_token_id", None)
@@ -82,7 +83,11 @@ def refusion_settings(model_path: str, overrides: dict) -> dict:
         setattr(config, name, value)
     if config.mask_token_id is None:
         config.mask_token_id = mask_id
-    slot, block = config.slot_size, config.block_size if config.block_size is not None else config.slot_size
+    for name, default in REFUSION_FIELDS.items():  # unset: the knob's default, as generate() merges it
+        if getattr(config, name, None) is None and default is not None:
+            setattr(config, name, default)
+    knobs = decoding_knob_values(config)  # block_size unset: derived from slot_size, as generate() does
+    slot, block = knobs["slot_size"], knobs["block_size"]
     if block != slot:
         raise ValueError(
             f"block_size {block} with slot_size {slot}: SGLang's canvas runs ReFusion exactly only with one slot per "
