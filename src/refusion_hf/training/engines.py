@@ -22,8 +22,6 @@ import os
 import zipfile
 from pathlib import Path
 
-from accelerate.utils import DistributedType
-
 from .._compat.accelerate import set_shared_distributed_type
 
 
@@ -39,6 +37,10 @@ def deepspeed_requested(argv: list[str]) -> bool:
 def use_requested_engine_on_cpu(trainer) -> None:
     """In a CPU run (`use_cpu`), turn on the FSDP engine the launch asked for, or refuse DeepSpeed, where accelerate
     would silently train without them (see the module docstring). Call once the accelerator exists."""
+    # accelerate is the train extra's: imported here, so that the checkpoint checks (and the `refusion` command,
+    # which imports every command's module) work on the base install
+    from accelerate.utils import DistributedType
+
     state = trainer.accelerator.state
     if state.device.type != "cpu":
         return

@@ -197,8 +197,10 @@ def save_final_model(trainer, output_dir: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     if deepspeed_requested(getattr(args, "extra_args", [])):  # else transformers fails parsing, with a traceback
         require_extra("deepspeed", "deepspeed")
+    require_extra("train", "accelerate")  # else TrainingArguments fails parsing, with a traceback
     model_args, training_args = parse_arguments(getattr(args, "extra_args", []))
-    require_extra("train", "accelerate", *(["peft"] if model_args.lora else []))
+    if model_args.lora:
+        require_extra("train", "peft")
     from .trainer import CheckpointWriteError, RefusionTrainer
 
     output_dir = training_args.output_dir
