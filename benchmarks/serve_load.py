@@ -364,6 +364,24 @@ def evaluate(results: dict) -> dict:
     }
 
 
+def check_rows(results: dict) -> list[dict]:
+    """The results page's table: each check of `results["checks"]` with the figure it was decided on."""
+    answers, health, rss = results["well_behaved_answers"], results["health"], results["server_rss_mb"]
+    five_xx = sum(n for kind in results["statuses"].values() for status, n in kind.items() if status.startswith("5"))
+    growth = None if None in (rss["after_first"], rss["after_all"]) else round(rss["after_all"] - rss["after_first"], 1)
+    measured = {
+        "answers_equal_generate": f"{answers['count'] - answers['mismatches']} of {answers['count']} answers",
+        "no_5xx": f"{five_xx} answers 5xx",
+        "each_request_got_its_expected_status": f"{len(results['unexpected'])} unexpected",
+        "health_p99_under_100ms": f"p99 {health['p99_s']:.4f} s" if health["p99_s"] is not None else "no probe",
+        "health_never_failed": f"{health['failures']} of {health['probes']} probes failed",
+        "rss_growth_within_50mb": f"{growth} MB after request {rss['after_first_requests']}",
+        "nothing_left_running": ", ".join(f"{k} {v}" for k, v in results["server_metrics_after"].items()),
+        "finished_within_time_limit": f"{results['requests']} requests in {results['load_s']} s",
+    }
+    return [{"check": name, "passed": ok, "measured": measured[name]} for name, ok in results["checks"].items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(default_model_path()))
@@ -473,6 +491,7 @@ def main() -> int:
     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     results["checks"] = evaluate(results)
     results["passed"] = all(results["checks"].values())
+    results["checks_table"] = check_rows(results)
     write_results(results, args.out)
     return 0 if results["passed"] else 1
 

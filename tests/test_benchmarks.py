@@ -248,6 +248,9 @@ def test_serve_load_runs_a_small_load_and_its_checks_can_fail(tmp_path):
     assert results["well_behaved_answers"]["count"] == results["requests_by_kind"]["well_behaved"] == 20
     assert results["statuses"]["wrong_key"] == {"401": 4} and results["statuses"]["template_bomb"] == {"400": 4}
     assert results["health"]["probes"] > 0 and results["server_rss_mb"]["after_first"] > 0
+    rows = results["checks_table"]  # the results page's table: every check, with the figure behind it
+    assert [(row["check"], row["passed"]) for row in rows] == list(results["checks"].items())
+    assert rows[0]["measured"] == "20 of 20 answers"
 
     def failed(change) -> set[str]:
         altered = json.loads(out.read_text())
