@@ -137,8 +137,8 @@ def check_token_ids(input_ids, attention_mask, config: RefusionGenerationConfig,
 def check_stop_strings(config: GenerationConfig, tokenizer) -> None:
     """`ValueError` naming `stop_strings` when transformers' `StopStringCriteria` cannot be built from this tokenizer
     (it reads every vocabulary entry's text through the tokenizer, which fails for some vocabularies, for example
-    word-level ones, with a bare "substring not found"). The criteria built here are cached by transformers, so the
-    stock criteria built next cost nothing more. Without a tokenizer, stock generate's own message stands."""
+    word-level ones, with a bare "substring not found"). transformers caches the criteria's tables, so the stock
+    criteria built next only read the vocabulary again. Without a tokenizer, stock generate's own message stands."""
     if config.stop_strings is None or tokenizer is None:
         return
     try:
