@@ -42,7 +42,8 @@ from pathlib import Path
 from results_file import write_results
 
 ENGINES = ("refusion-sglang", "qwen3-sglang", "generate")
-ONE_SLOT = {"slot_size": 8, "block_size": 8, "remask_threshold": None}  # what SGLang decodes exactly
+ONE_SLOT = {"slot_size": 8, "block_size": 8, "remask_threshold": None}
+DECODINGS = {"installed": {}, "one-slot": ONE_SLOT}  # over the checkpoint's own settings
 START_SECONDS = 900  # SGLang's start-up: 30-70 s on the 2-core CPU; an 8B model's weights on a GPU take longer
 REQUEST_SECONDS = 600
 
@@ -54,14 +55,14 @@ def positive(text: str) -> int:
     return value
 
 
-def chat_prompts(model_dir: str, count: int) -> list[list[int]]:
-    """`count` synthetic test problems through the model's chat template, as token ids (cycled past the suite)."""
+def chat_prompts(model_dir: str, count: int, seed: int = 0, tier: str = "standard") -> list[list[int]]:
+    """`count` synthetic test problems of `tier` at `seed` through the model's chat template, as token ids."""
     from transformers import AutoTokenizer
 
     from refusion_hf.evaluation.synthetic_tasks import generate_problems
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    problems = generate_problems("test", count, 0)
+    problems = generate_problems("test", count, seed, tier=tier)
     messages = [[{"role": "user", "content": problem.prompt}] for problem in problems]
     return [
         list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)["input_ids"]) for m in messages
@@ -132,13 +133,15 @@ def server_command(engine: str, folder: str, port: int, rows: int, args, work: P
 
     env = dict(os.environ)
     if engine == "refusion-sglang":
-        import yaml
-
-        settings = work / "one-slot.yaml"
-        settings.write_text(yaml.safe_dump(ONE_SLOT))
         command = [sys.executable, "-m", "refusion_hf.cli", "serve", "--engine", "sglang", folder, "--port", str(port),
                    "--dtype", args.dtype, "--device", args.device, "--continuous-batching", "--max-num-seqs", str(rows),
-                   "--dllm-algorithm-config", str(settings), "--served-model-name", "model"]  # fmt: skip
+                   "--served-model-name", "model"]  # fmt: skip
+        if DECODINGS[args.decoding]:
+            import yaml
+
+            settings = work / f"{args.decoding}.yaml"
+            settings.write_text(yaml.safe_dump(DECODINGS[args.decoding]))
+            command += ["--dllm-algorithm-config", str(settings)]
         if args.tp_size > 1:
             command.append(f"--engine-args=--tp-size {args.tp_size}")
         return command, env
@@ -173,19 +176,24 @@ def client_load(url: str, prompts: list[list[int]], concurrency: int, max_tokens
     return {"seconds": time.perf_counter() - start, "answers": answers}
 
 
-def generate_load(model, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """`prompts` through `generate()` one at a time (concurrency 1) or `generate_batch()` with `concurrency` rows."""
+def decode_with(model, decoding: str, max_tokens: int) -> None:
+    """Make `decoding`'s settings the model's own generation config, greedy, `max_tokens` new tokens at most: a config
+    passed to generate() is merged with the model's the stock way, where a field at its default (remask_threshold
+    None) takes the model's value (0.1)."""
     import copy
 
+    config = copy.deepcopy(model.generation_config)
+    config.update(**DECODINGS[decoding], do_sample=False, max_new_tokens=max_tokens)
+    model.generation_config = config
+
+
+def generate_load(model, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+    """`prompts` through `generate()` one at a time (concurrency 1) or `generate_batch()` with `concurrency` rows, with
+    the model's generation config (`decode_with`)."""
     import torch
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    # The settings become the model's own generation config: a config passed to generate() is merged with the
-    # model's the stock way, where a field at its default (remask_threshold None) takes the model's value (0.1).
-    config = copy.deepcopy(model.generation_config)
-    config.update(**ONE_SLOT, do_sample=False, max_new_tokens=max_tokens)
-    model.generation_config = config
-    eos = config.eos_token_id
+    eos = model.generation_config.eos_token_id
 
     def one(prompt):
         ids = torch.tensor([prompt], device=model.device)  # no padding (a prompt may hold the pad id)
@@ -220,6 +228,7 @@ def measure_engines(model_dir: str, args) -> dict:
 
                 dtype = torch.float32 if args.dtype == "float32" else "auto"
                 model = RefusionForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+                decode_with(model, args.decoding, args.max_tokens)
                 for concurrency in args.concurrency:
                     loads[concurrency] = generate_load(model, prompts, concurrency, args.max_tokens)
                 del model
@@ -249,9 +258,56 @@ def measure_engines(model_dir: str, args) -> dict:
         for engine, base in (("refusion-sglang", "qwen3-sglang"), ("refusion-sglang", "generate"))
         if (engine, c) in by_key and (base, c) in by_key
     }
-    settings = {"refusion": ONE_SLOT, "max_tokens": args.max_tokens, "dtype": args.dtype, "device": args.device,
-                "tp_size": args.tp_size}  # fmt: skip
+    settings = {"decoding": args.decoding, "refusion": DECODINGS[args.decoding], "max_tokens": args.max_tokens,
+                "dtype": args.dtype, "device": args.device, "tp_size": args.tp_size}  # fmt: skip
     return {"settings": settings, "results": results, "ratios": ratios}
+
+
+def check_held_out(model_dir: str, args) -> dict:
+    """The held-out check (module docstring): per tier, answers equal and forward passes."""
+    import torch
+
+    from refusion_hf import RefusionForCausalLM
+
+    dtype = torch.float32 if args.dtype == "float32" else "auto"
+    model = RefusionForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+    decode_with(model, args.decoding, args.max_tokens)
+    eos = model.generation_config.eos_token_id
+    prompts = {tier: chat_prompts(model_dir, args.check_problems, args.check_seed, tier) for tier in args.check_tiers}
+    expected, forwards, sglang_forwards = {}, {}, {}
+    with torch.inference_mode():
+        for tier, tier_prompts in prompts.items():
+            expected[tier], forwards[tier], sglang_forwards[tier] = [], 0, 0
+            for prompt in tier_prompts:
+                ids = torch.tensor([prompt], device=model.device)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True)
+                answer = out.sequences[0, len(prompt) :].tolist()
+                expected[tier].append(answer[: answer.index(eos) + 1] if eos in answer else answer)
+                forwards[tier] += out.num_forward_passes
+                alone = model.generate(ids, attention_mask=torch.ones_like(ids), plan_ahead=False,
+                                       return_dict_in_generate=True)  # fmt: skip
+                if not torch.equal(alone.sequences, out.sequences):
+                    raise RuntimeError("planning ahead changed an answer: the forward count below would not hold")
+                # SGLang's prompt encoding, then one encoding per block before the answer's last
+                blocks = -(-len(expected[tier][-1]) // model.generation_config.block_size)
+                sglang_forwards[tier] += alone.num_forward_passes + blocks
+    del model
+    rows = max(args.concurrency)
+    check = {"seed": args.check_seed, "problems_per_tier": args.check_problems, "concurrency": rows, "tiers": {}}
+    with tempfile.TemporaryDirectory(prefix="engine-check-") as scratch:
+        port = free_port()
+        command, env = server_command("refusion-sglang", model_dir, port, rows, args, Path(scratch))
+        with running(command, port, Path(scratch) / "check.log", env) as url:
+            for tier, tier_prompts in prompts.items():
+                answers = client_load(url, tier_prompts, rows, args.max_tokens)["answers"]
+                check["tiers"][tier] = {
+                    "answers_equal_to_generate": sum(a == b for a, b in zip(answers, expected[tier], strict=True)),
+                    "problems": len(tier_prompts),
+                    "generate_forwards": forwards[tier],
+                    "sglang_forwards": sglang_forwards[tier],
+                    "forwards_ratio": round(sglang_forwards[tier] / forwards[tier], 3),
+                }
+    return check
 
 
 def add_arguments(parser) -> None:
@@ -262,6 +318,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--tp-size", type=positive, default=1, help="SGLang's tensor parallelism (GPUs)")
+    parser.add_argument("--decoding", choices=sorted(DECODINGS), default="installed",
+                        help="ReFusion's settings on both of its engines (default: the checkpoint's own)")  # fmt: skip
 
 
 def main() -> None:
@@ -269,11 +327,31 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a ReFusion folder (default: the embedded model)")
     add_arguments(parser)
     parser.add_argument("--out", default="benchmarks/results/engine_throughput_cpu.json")
+    parser.add_argument("--check-problems", type=positive, default=None,
+                        help="add the held-out check: this many problems of each tier (module docstring)")  # fmt: skip
+    parser.add_argument("--check-seed", type=int, default=None, help="the held-out check's seed (not a decision seed)")
+    parser.add_argument("--check-tiers", nargs="+", default=["standard", "hard"])
     args = parser.parse_args()
     from refusion_hf.modeling.loading import default_model_path
 
+    if args.check_problems is not None:
+        check_seed_is_held_out(args.check_seed)
     model_dir = args.model or str(default_model_path())
-    write_results({"model": model_dir, **measure_engines(model_dir, args)}, args.out)
+    results = {"model": model_dir, **measure_engines(model_dir, args)}
+    if args.check_problems is not None:
+        results["check"] = check_held_out(model_dir, args)
+    write_results(results, args.out)
+
+
+def check_seed_is_held_out(seed: int | None) -> None:
+    """The check's seed must be given, and no decision may have used it (benchmarks/decision_seeds.json)."""
+    import json
+
+    if seed is None:
+        raise SystemExit("engine_throughput.py: error: --check-problems needs --check-seed (a held-out seed)")
+    listed = json.loads((Path(__file__).parent / "decision_seeds.json").read_text())["seeds"]
+    if any(entry["seed"] == seed for entry in listed):
+        raise SystemExit(f"engine_throughput.py: error: --check-seed {seed} is a decision seed (decision_seeds.json)")
 
 
 if __name__ == "__main__":

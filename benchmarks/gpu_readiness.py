@@ -24,7 +24,7 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
 (e) `--sections sglang_engines` (not in the default: it needs SGLang, `pip install -e ".[sglang,serving]"` in a CUDA
     torch environment): the same model saved as a ReFusion folder (with the embedded model's tokenizer: ids under the
     vocabulary) and `engine_throughput.measure_engines` on it, TP 1: ReFusion on SGLang (`refusion serve --engine
-    sglang`, slot = block = 8), the same weights as a stock Qwen3 on SGLang (autoregressive), and `generate()`, at
+    sglang`, the folder's own decoding settings: the package's defaults), the same weights as a stock Qwen3 on SGLang (autoregressive), and `generate()`, at
     1, 4 and 16 concurrent requests (16 requests each, `--sglang-max-tokens` new tokens; random weights almost
     never emit EOS, so every answer runs to the limit). The model leaves the GPU first (the servers need its memory).
     TP 2 needs two GPUs and `--sglang-tp-size 2` (SGLang's `--tp-size`: each server shards the weights over both;
@@ -252,7 +252,8 @@ def sglang_engines(model, device, max_tokens: int, tp_size: int) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         settings = SimpleNamespace(engines=list(engine_throughput.ENGINES), concurrency=[1, 4, 16], requests=16,
-                                   max_tokens=max_tokens, dtype=dtype, device=device.type, tp_size=tp_size)  # fmt: skip
+                                   max_tokens=max_tokens, dtype=dtype, device=device.type, tp_size=tp_size,
+                                   decoding="installed")  # fmt: skip
         return engine_throughput.measure_engines(str(folder), settings)
 
 

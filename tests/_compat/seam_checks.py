@@ -58,7 +58,7 @@ def assert_each_declaration_fails_when_changed(seam, monkeypatch) -> None:
 
 # ----------------------------------------------------------------------------------------------- coverage
 # modules that subclass an engine installed in its own environment (`make sglang`), with the engine they import
-ENGINE_MODULES = {"refusion_hf.serving.sglang_algorithm": "sglang"}
+ENGINE_MODULES = {"refusion_hf.serving.sglang_algorithm": "sglang", "refusion_hf.serving.sglang_attention": "sglang"}
 
 
 def our_classes():

@@ -25,10 +25,24 @@ def test_each_declaration_fails_naming_the_seam_when_sglang_changes_it(monkeypat
     assert_each_declaration_fails_when_changed(seam, monkeypatch)
 
 
-def test_every_private_member_our_algorithm_overrides_or_uses_is_declared():
+def test_every_private_member_our_algorithm_and_attention_backend_override_or_use_is_declared():
     from refusion_hf.serving.sglang_algorithm import ReFusion
+    from refusion_hf.serving.sglang_attention import MaskedTorchNativeAttnBackend
 
-    assert not undeclared_private_members("sglang", seam.PRIVATE_MEMBERS, [ReFusion])
+    assert not undeclared_private_members("sglang", seam.PRIVATE_MEMBERS, [ReFusion, MaskedTorchNativeAttnBackend])
+
+
+def test_add_attention_backend_makes_the_name_a_choice_and_builds_ours(monkeypatch):
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.layers.attention import attention_registry
+
+    monkeypatch.setattr(choices, "ATTENTION_BACKEND_CHOICES", list(choices.ATTENTION_BACKEND_CHOICES))
+    monkeypatch.setattr(choices, "add_attention_backend_choices", choices.ATTENTION_BACKEND_CHOICES.extend)
+    monkeypatch.setattr(attention_registry, "ATTENTION_BACKENDS", dict(attention_registry.ATTENTION_BACKENDS))
+    factory = object()
+    seam.add_attention_backend("refusion_test_backend", factory)
+    assert "refusion_test_backend" in choices.ATTENTION_BACKEND_CHOICES
+    assert attention_registry.ATTENTION_BACKENDS["refusion_test_backend"] is factory
 
 
 def test_add_algorithm_makes_the_algorithm_name_resolve(monkeypatch):

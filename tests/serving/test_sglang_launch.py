@@ -1,6 +1,6 @@
 """`refusion serve --engine sglang`'s flags (`refusion_hf.serving.sglang_launch`): each `refusion serve` flag becomes
-SGLang's flag of the same meaning or is refused by name, the CPU arguments come with a CPU, the decoding settings
-SGLang cannot run exactly are one line before SGLang starts, and a missing SGLang is one line naming how to install
+SGLang's flag of the same meaning or is refused by name, the CPU arguments come with a CPU, decoding settings the
+plugin cannot honour are one line before SGLang starts, and a missing SGLang is one line naming how to install
 it. SGLang itself is replaced by a recorder of the launch arguments (`_compat.sglang.serve`), so these run in the main
 suite; the real server is tests/serving/test_sglang_serve.py (`make test-sglang`)."""
 
@@ -14,6 +14,7 @@ import pytest
 from refusion_hf import cli
 from refusion_hf._compat import sglang as seam
 from refusion_hf.serving import sglang_launch
+from refusion_hf.serving.sglang_names import ATTENTION_BACKEND
 from tests.serving.sglang_golden import embedded_model_path
 
 EXACT = "block_size: 8\nslot_size: 8\nremask_threshold: null\n"
@@ -66,7 +67,7 @@ def test_each_flag_becomes_sglangs_flag_of_the_same_meaning(launched, tmp_path):
     assert (flags["--context-length"], flags["--api-key"], flags["--max-queued-requests"]) == ("256", "k3y", "7")
     assert flags["--log-level"] == "info"
     # no GPU here: the CPU arguments, a KV pool of the context for each running request
-    assert (flags["--device"], flags["--attention-backend"], cpu_engine) == ("cpu", "torch_native", "1")
+    assert (flags["--device"], flags["--attention-backend"], cpu_engine) == ("cpu", ATTENTION_BACKEND, "1")
     assert flags["--disable-prefill-cuda-graph"] and flags["--disable-decode-cuda-graph"]
     assert flags["--max-total-tokens"] == str(256 * 4)
 
@@ -94,7 +95,7 @@ def test_engine_args_go_to_sglang_last(launched):
     ("device", "gpu", "expected"),
     [("auto", True, {"--device": "cuda"}), ("cuda", True, {"--device": "cuda"}),
      ("cuda:1", True, {"--device": "cuda", "--base-gpu-id": "1"}), ("cpu", True, {"--device": "cpu"}),
-     ("auto", False, {"--device": "cpu", "--attention-backend": "torch_native"})],
+     ("auto", False, {"--device": "cpu", "--attention-backend": ATTENTION_BACKEND})],
 )  # fmt: skip
 def test_device(device, gpu, expected):
     args = cli.build_parser().parse_args(["serve", "--engine", "sglang", "--device", device])
@@ -123,12 +124,41 @@ def test_a_flag_sglang_cannot_honour_is_refused_by_name(launched, capsys, args, 
     assert re.search(f"refusion serve: error: {message}", error), error
 
 
-def test_the_installed_decoding_sglang_cannot_run_exactly_is_one_line_before_sglang_starts(launched, capsys):
-    status, flags, _ = launched(config_file=False)  # the embedded model's own: block 16, slot 8, remasking
+def test_the_installed_decoding_launches_without_a_settings_file(launched):
+    """The embedded model's own decoding (block 16, two slots, remasking) is what SGLang decodes by default."""
+    status, flags, _ = launched(config_file=False)
+    assert status == 0 and "--dllm-algorithm-config" not in flags
+
+
+@pytest.mark.parametrize(
+    ("generation_config", "named"),
+    [({"suppress_tokens": [5]}, "suppress_tokens"), ({"min_new_tokens": 3}, "min_new_tokens"),
+     ({"bad_words_ids": [[5]], "renormalize_logits": True}, "bad_words_ids, renormalize_logits")],
+)  # fmt: skip
+def test_a_logits_constraint_in_the_checkpoint_is_one_line_before_sglang_starts(
+    launched, capsys, tmp_path, generation_config, named
+):
+    """generate() applies a checkpoint's logits constraints; SGLang's drafts are the plain argmax: refused, named."""
+    import json
+    import shutil
+
+    folder = tmp_path / "constrained"
+    shutil.copytree(embedded_model_path(), folder)
+    own = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**own, **generation_config}))
+    status, flags, _ = launched(str(folder), config_file=False)
     assert (status, flags) == (2, None)
     error = capsys.readouterr().err
-    assert error.startswith("refusion serve: error: block_size 16 with slot_size 8") and "block_size: 8" in error
-    assert len(error.strip().splitlines()) == 1
+    assert error.startswith(f"refusion serve: error: {folder}: its generation config sets {named}, "), error
+    assert "refusion serve" in error and len(error.strip().splitlines()) == 1
+
+
+def test_an_unknown_setting_is_one_line(launched, capsys, tmp_path):
+    config = tmp_path / "typo.yaml"
+    config.write_text("slot_sise: 8\n")
+    status, _, _ = launched("--dllm-algorithm-config", str(config), config_file=False)
+    assert status == 2
+    assert "unknown ReFusion setting(s) ['slot_sise']" in capsys.readouterr().err
 
 
 def test_an_unreadable_settings_file_is_one_line(launched, capsys, tmp_path):
@@ -162,10 +192,9 @@ def test_knobs_a_checkpoint_leaves_unset_take_generates_defaults(tmp_path):
 
     shutil.copy(embedded_model_path() / "config.json", tmp_path / "config.json")
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": 2}')
-    settings = refusion_settings(str(tmp_path), {"slot_size": 8, "block_size": 8})
-    assert (settings["slot_size"], settings["token_threshold"]) == (8, REFUSION_FIELDS["token_threshold"])
-    with pytest.raises(ValueError, match="block_size 128 with slot_size 8"):
-        refusion_settings(str(tmp_path), {"slot_size": 8})
+    knobs = refusion_settings(str(tmp_path), {"slot_size": 8, "block_size": 8})["knobs"]
+    assert (knobs["slot_size"], knobs["token_threshold"]) == (8, REFUSION_FIELDS["token_threshold"])
+    assert refusion_settings(str(tmp_path), {"slot_size": 8})["knobs"]["block_size"] == 128  # 128 is a multiple of 8
 
 
 def test_a_folder_without_tokenizer_files_is_one_line(launched, capsys, tmp_path):

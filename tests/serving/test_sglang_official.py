@@ -1,6 +1,6 @@
 """The tiny official-format checkpoint (`Qwen3ForCausalLM` with a `mask_token_id`) on SGLang: the oracle's golden
-cases of the one configuration SGLang runs exactly (slot = block = 8), the authors' float64 answers, decoded in
-float32 (none of these cases is marked numerically sensitive). Runs in .venv-sglang (`make test-sglang`)."""
+cases of two configurations (one slot per block; two slots per block), the authors' float64 answers, decoded in
+float32 (cases marked numerically sensitive are left out). Runs in .venv-sglang (`make test-sglang`)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,19 @@ from tests.serving.sglang_golden import DATA, GOLDEN
 ORACLE = json.loads(GOLDEN.read_text())["oracle"]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    settings = {"slot_size": ORACLE["slot_size"], "block_size": ORACLE["slot_size"],
-                "token_threshold": ORACLE["token_threshold"], "remask_threshold": None}  # fmt: skip
-    engine = start_engine(DATA / "tiny-qwen3-refusion", settings)
-    yield engine
+@pytest.fixture(scope="module", params=sorted(ORACLE))
+def configuration(request):
+    """(engine, the configuration's cases), one engine at a time."""
+    engine = start_engine(DATA / "tiny-qwen3-refusion", ORACLE[request.param]["settings"])
+    yield engine, ORACLE[request.param]["cases"]
     engine.shutdown()
 
 
-@pytest.mark.parametrize("case", ORACLE["cases"], ids=[case["id"] for case in ORACLE["cases"]])
-def test_golden_case(engine, case):
-    output = engine.generate(input_ids=case["prompt_ids"], sampling_params=greedy(case["max_new_tokens"]))
-    assert output["output_ids"] == case["expected"]
+def test_golden_cases_one_at_a_time_and_together(configuration):
+    engine, cases = configuration
+    for case in cases:
+        output = engine.generate(input_ids=case["prompt_ids"], sampling_params=greedy(case["max_new_tokens"]))
+        assert output["output_ids"] == case["expected"], case["id"]
+    budgets = [greedy(case["max_new_tokens"]) for case in cases]
+    outputs = engine.generate(input_ids=[case["prompt_ids"] for case in cases], sampling_params=budgets)
+    assert [output["output_ids"] for output in outputs] == [case["expected"] for case in cases]

@@ -21,11 +21,11 @@ import pytest
 pytest.importorskip("sglang")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-yaml = pytest.importorskip("yaml")
 
 from tests.serving.sglang_golden import EMBEDDED_PROMPTS, GOLDEN, embedded_model_path  # noqa: E402
 
 GOLDEN_DATA = json.loads(GOLDEN.read_text())["embedded"]
+ANSWERS = GOLDEN_DATA["configurations"]["installed"]["answers"]  # the model's own decoding: no settings file
 CONCURRENT = 16  # completions sent at once (the server decodes --max-num-seqs 4 at a time)
 CHATS = 4
 EOS = 2  # the embedded model's
@@ -41,15 +41,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`refusion serve --engine sglang` on the embedded model at the golden file's settings; yields (base URL, the
-    served name). Stopped with SIGTERM (then its process group killed if it lingers)."""
+    """`refusion serve --engine sglang` on the embedded model with its own decoding settings (block 16, two slots of
+    8, remasking 0.1); yields (base URL, the served name). Stopped with SIGTERM (then its process group killed if it
+    lingers)."""
     folder = tmp_path_factory.mktemp("sglang-serve")
-    config = folder / "refusion.yaml"
-    config.write_text(yaml.safe_dump(GOLDEN_DATA["settings"]))
     port = free_port()
     command = [sys.executable, "-m", "refusion_hf.cli", "serve", "--engine", "sglang", str(embedded_model_path()),
                "--port", str(port), "--dtype", "float32", "--continuous-batching", "--max-num-seqs", "4",
-               "--dllm-algorithm-config", str(config), "--served-model-name", "refusion-embedded"]  # fmt: skip
+               "--served-model-name", "refusion-embedded"]  # fmt: skip
     log = (folder / "server.log").open("w")
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -102,7 +101,7 @@ def test_concurrent_completions_give_generates_tokens(server, client):
     with ThreadPoolExecutor(CONCURRENT) as pool:
         replies = list(pool.map(complete, prompts))
     got = [reply.choices[0].token_ids for reply in replies]
-    expected = GOLDEN_DATA["answers"][:CONCURRENT]
+    expected = ANSWERS[:CONCURRENT]
     mismatched = [i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b]
     assert not mismatched, f"prompts {mismatched} differ from generate(): {[got[i] for i in mismatched[:3]]}"
     for reply, answer in zip(replies, expected, strict=True):
@@ -115,7 +114,7 @@ def test_chat_messages_give_generates_tokens(server, client):
     from refusion_hf.evaluation.synthetic_tasks import generate_problems
 
     problems = generate_problems("test", EMBEDDED_PROMPTS, 0)[:CHATS]  # the golden prompts' (sglang_golden.py)
-    for problem, prompt, answer in zip(problems, GOLDEN_DATA["prompts"], GOLDEN_DATA["answers"], strict=False):
+    for problem, prompt, answer in zip(problems, GOLDEN_DATA["prompts"], ANSWERS, strict=False):
         reply = client.chat.completions.create(
             model=server[1], messages=[{"role": "user", "content": problem.prompt}],
             max_tokens=GOLDEN_DATA["max_new_tokens"], temperature=0,

@@ -13,9 +13,15 @@ general plugins under the entry-point group `sglang.srt.plugins`. The rest is in
 * `sglang.cli.serve.serve(args, extra_argv)`: what the `sglang serve` command runs (its plugins loaded, the model's
   backend chosen, the server run until it stops, its child processes ended), called by `refusion serve --engine
   sglang` in its own interpreter with the launch arguments it built;
-* `DllmAlgorithm.run` / `_run_sync` / `_block_start_list` / `max_steps` / `step`: the base class's loop, whose
-  contract the algorithm implements (`step(forward_batch, full_logits, states) -> list[bool]`, the canvas in
-  `forward_batch.input_ids`, emitted from `_block_start_list` on when every row is done).
+* `DllmAlgorithm.run`: the algorithm's whole contract with SGLang's worker (`(model_runner, forward_batch,
+  algo_states) -> (logits output, tokens emitted per request, accept lengths, states, can run graph)`), called for
+  a context's encoding and for each block; the algorithm runs its own forwards of the block's canvas
+  (`forward_batch.input_ids` / `positions`, `block_size` tokens per request) through `model_runner.forward`, and
+  reads `forward_batch.rids`, `extend_seq_lens` and `extend_prefix_lens`;
+* attention: the backend registry (`register_attention_backend`, and `add_attention_backend_choices`, which
+  SGLang offers for plugins' names), `TorchNativeAttnBackend`'s extend forward and its pools (the subclass
+  `serving/sglang_attention.py`), the KV write (`KVWriteLoc`), and the model runner's `attn_backend`, to which
+  the algorithm hands each forward's masks.
 """
 
 from __future__ import annotations
@@ -28,11 +34,37 @@ PRIVATE_MEMBERS = (
     ("sglang.srt.dllm.algorithm", "algo_name_to_cls", ATTRIBUTE),
     ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "requires_separate_context_encoding", ATTRIBUTE),
     ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "run", "(self, model_runner, forward_batch, algo_states)"),
-    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "_run_sync", "(self, model_runner, forward_batch)"),
-    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "_block_start_list", "(self, forward_batch)"),
-    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "max_steps", "(self, block_size)"),
-    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "step", "(self, forward_batch, full_logits, states)"),
-    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "init_step_state", "(self, forward_batch)"),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "required_attention_backend", ATTRIBUTE),
+    ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "supported_attention_backends", ATTRIBUTE),
+    ("sglang.srt.model_executor.forward_batch_info:ForwardBatch", "rids", SET_BY_OWNER),
+    ("sglang.srt.model_executor.forward_batch_info:ForwardBatch", "positions", SET_BY_OWNER),
+    (
+        "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
+        "seq_lens",
+        SET_BY_OWNER,
+    ),  # before extend_seq_lens (a substring)
+    ("sglang.srt.model_executor.forward_batch_info:ForwardBatch", "extend_seq_lens", SET_BY_OWNER),
+    ("sglang.srt.model_executor.forward_batch_info:ForwardBatch", "extend_prefix_lens", SET_BY_OWNER),
+    ("sglang.srt.model_executor.forward_batch_info:ForwardBatch", "out_cache_loc", SET_BY_OWNER),
+    ("sglang.srt.model_executor.forward_batch_info:ForwardBatch", "req_pool_indices", SET_BY_OWNER),
+    ("sglang.srt.layers.attention.attention_registry", "register_attention_backend", "(name)"),
+    ("sglang.srt.model_executor.model_runner:ModelRunner", "attn_backend", SET_BY_OWNER),
+    ("sglang.srt.arg_groups.choices", "add_attention_backend_choices", ATTRIBUTE),
+    (
+        "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend",
+        "forward_extend",
+        "(self, q, k, v, layer, forward_batch, save_kv_cache)",
+    ),
+    (
+        "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend",
+        "init_forward_metadata",
+        "(self, forward_batch)",
+    ),
+    ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "token_to_kv_pool", SET_BY_OWNER),
+    ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "req_to_token_pool", SET_BY_OWNER),
+    ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "swa_out_cache_loc", SET_BY_OWNER),
+    ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "device", SET_BY_OWNER),
+    ("sglang.srt.mem_cache.memory_pool:KVWriteLoc", "__init__", "(self, loc, swa_loc, full_loc, physical)"),
     ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "configure_server_args", "(server_args)"),
     ("sglang.srt.dllm.algorithm.base:DllmAlgorithm", "validate_request", "(req)"),
     ("sglang.srt.dllm.config:DllmConfig", "from_server_args", "(server_args)"),
@@ -78,6 +110,31 @@ def return_full_logits(logits_processor) -> None:
     """Make SGLang's `LogitsProcessor` return every position's logits on the diffusion path (SGLang's diffusion
     models pass `return_full_logits=True` to its constructor; the Qwen3 class builds it without)."""
     logits_processor.return_full_logits = True
+
+
+def attention_backend(model_runner):
+    """The model runner's attention backend (the object the attention layers call)."""
+    return model_runner.attn_backend
+
+
+def save_kv(backend, layer, forward_batch, k, v) -> None:
+    """Write a layer's new keys and values where SGLang allocated them (what `TorchNativeAttnBackend`'s
+    `forward_extend` does first)."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    location = KVWriteLoc(forward_batch.out_cache_loc, backend.swa_out_cache_loc)
+    backend.token_to_kv_pool.set_kv_buffer(layer, location, k, v)
+
+
+def add_attention_backend(name: str, factory) -> None:
+    """Make `--attention-backend name` build `factory(model_runner)` (SGLang's registry and its list of choices,
+    which it extends for plugins)."""
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+
+    if name not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.add_attention_backend_choices([name])
+    register_attention_backend(name)(factory)
 
 
 def wrap_dllm_config(answer) -> None:

@@ -1,160 +1,266 @@
 """ReFusion decoding inside SGLang: the `ReFusion` `DllmAlgorithm` (`--dllm-algorithm ReFusion`).
 
 SGLang runs the engine (scheduler, paged KV cache, batching of concurrent requests, the OpenAI server, tensor
-parallelism); this module is only the per-forward decision: what each request's canvas holds before the next
-forward, and when its block is final. SGLang's internals it relies on are declared in `refusion_hf._compat.sglang`;
-the plugin that registers it is `sglang_plugin.py`.
+parallelism); the decoding decisions are this package's own decoder, unchanged: each request is a
+`generation.sequence_state.SequenceState` advanced by the package's stage units (`generation.stages`: plan,
+verification, infill, revision), exactly as `generate()` advances it. This module only maps each of the decoder's
+forwards onto SGLang's forward of a request's *canvas*, and is the one place that knows SGLang's loop. SGLang's
+internals it relies on are declared in `refusion_hf._compat.sglang`; the plugin that registers it is
+`sglang_plugin.py`.
 
-How ReFusion maps onto SGLang's canvas (docs/serving.md, "SGLang"): SGLang decodes a request block by block; with
-`requires_separate_context_encoding` the block's canvas (`block_size` tokens) sits right after the context (prompt and
-answer so far), which SGLang encodes causally, in position order, before each block. Each forward runs the canvas
-causally on top of that context. ReFusion's stages for ONE slot are exactly such forwards:
+How a decoder forward maps onto SGLang (docs/serving.md, "ReFusion on SGLang"):
 
-* PLAN: the slot's k mask tokens; each mask predicts its own token (the draft);
-* VERIFY: the k drafts; token j passes when its probability given the slot's tokens before it exceeds
-  `token_threshold`; the first token is always accepted; the longest passing prefix is verified;
-* INFILL: rounds of re-drafting the unverified tail (masks again, own logits) and verifying the slot, until the slot
-  is verified whole; an accepted EOS ends the answer there.
+* SGLang decodes a request block by block: its context (the prompt and every finished block) is in SGLang's KV
+  cache, and each forward runs the request's canvas (`CANVAS_BLOCKS` x `block_size` tokens) on top of it, the
+  canvas's KV recomputed at every forward. The decoder's cache holds, besides that context, the entries of the
+  current block (committed slots, and infill's pending ones), each computed when it was written, seeing what it saw
+  then. The canvas is [those entries, recomputed] + [the decoder's query], each token at its own position, under a
+  mask that gives every entry what it saw when it was written and every query token what the decoder's query lets
+  it see (`BlockLedger`): the attention backend `refusion_torch_native` (`sglang_attention.py`) applies it. So each
+  decoder forward is one SGLang forward and computes what `generate()` computes (up to float rounding of
+  differently shaped matmuls).
+* A block is finished when the decoder closes it: its tokens are emitted (the client sees them) and SGLang encodes
+  them as context, in position order, under the mask of what each saw in the decoder (`BlockLedger.close`): the KV
+  the decoder keeps for them.
+* Planning ahead (`plan_ahead`) is off here: the next plan runs as its own forward (same tokens, more forwards).
 
-The slot's tokens are then emitted in position order and SGLang encodes them causally as context of the next block:
-the KV the package's decoder keeps for a committed slot (the slot seeing the cache and itself, causally). So the
-configuration SGLang expresses exactly is `block_size == slot_size` (one slot per block: commit order is position
-order), without sub-slot remasking. Wider blocks choose slots out of order and verify several slots in one forward
-each seeing only the context and itself; SGLang re-encodes a finished block in position order, so their cached KV
-would differ from `generate()`'s: the plugin refuses them at launch instead of decoding something else
-(`refusion_dllm_config`). Greedy only: a request that samples is refused by name.
+Greedy only: a request with `temperature > 0` is refused with a message naming it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 
 from refusion_hf._compat import sglang as seam
+from refusion_hf.generation.draft_policy import DraftPolicy
+from refusion_hf.generation.sequence_state import MAX_REVISIONS, SequenceState, Stage
+from refusion_hf.generation.stages import STAGES, begin_step, examine_steps, finish_step
+from refusion_hf.serving.recomputed_canvas import BlockLedger, CanvasLayout, request_settings
+from refusion_hf.serving.sglang_names import ATTENTION_BACKEND
 
-PLAN, VERIFY, INFILL_DRAFT, INFILL_VERIFY, DONE = "plan", "verify", "infill_draft", "infill_verify", "done"
+# Request fields that would shape the drafts, with their neutral values: refused by name rather than ignored (stop
+# strings and stop token ids are SGLang's, applied to the emitted answer as generate()'s stopping criteria are).
+UNAPPLIED_FIELDS = {
+    "min_new_tokens": (0, None),
+    "frequency_penalty": (0.0, None),
+    "presence_penalty": (0.0, None),
+    "repetition_penalty": (1.0, None),
+    "ignore_eos": (False, None),
+    "json_schema": (None,),
+    "regex": (None,),
+    "ebnf": (None,),
+    "structural_tag": (None,),
+}
+IDLE_FORWARDS = 4096  # a request's decoding state unseen for this many runs is dropped (the request was aborted)
 
 
 @dataclass
-class SlotDecoding:
-    """One request's slot in the current block: the stage its canvas is in, and its verified prefix."""
+class RequestDecoding:
+    """One request's decoding across SGLang's runs: the decoder's state and the current block's entries."""
 
-    stage: str = PLAN
-    verified: int = 0
-
-    def advance(self, canvas: list[int], drafts: list[int], passes: list[bool], rule: SlotRule) -> list[int] | None:
-        """Host half of one forward for this row. `canvas`: the tokens just forwarded; `drafts`: each position's
-        draft (a mask predicts itself); `passes[j - 1]`: whether token j's probability given tokens < j exceeds the
-        token threshold. Returns the next canvas (None: unchanged) and moves the stage on."""
-        k = len(canvas)
-        if self.stage == PLAN:
-            self.stage = VERIFY
-            return drafts
-        if self.stage == INFILL_DRAFT:
-            self.stage = INFILL_VERIFY
-            return canvas[: self.verified] + drafts[self.verified :]
-        if self.stage == DONE:
-            return None
-        # VERIFY and INFILL_VERIFY: the first unverified token is always accepted, then the run of passing ones
-        length = self.verified + 1
-        while length < k and passes[length - 1]:
-            length += 1
-        eos = next((j for j in range(length) if canvas[j] in rule.eos_ids), None)
-        if eos is not None:  # the answer ends here; what follows in the slot is not emitted (SGLang stops at EOS)
-            self.stage = DONE
-            return canvas[: eos + 1] + [canvas[eos]] * (k - eos - 1)
-        if length == k:
-            self.stage = DONE
-            return None
-        self.verified, self.stage = length, INFILL_DRAFT
-        return canvas[:length] + [rule.mask_id] * (k - length)
-
-
-@dataclass(frozen=True)
-class SlotRule:
-    """What the decisions read: the thresholds and the special ids."""
-
-    mask_id: int
-    token_threshold: float
-    eos_ids: frozenset[int]
-    never_drafted: tuple[int, ...] = field(default=())
+    state: SequenceState
+    ledger: BlockLedger | None
+    start_block: int = 0  # the block this run decodes
+    last_seen: int = 0
 
 
 class ReFusion(DllmAlgorithm):
-    """ReFusion's plan / verify / infill for one slot per block (see the module docstring for why)."""
+    """ReFusion's decoder on SGLang's canvas (see the module docstring)."""
 
-    requires_separate_context_encoding = True  # the block's tokens are re-encoded causally as the next context
+    requires_separate_context_encoding = True  # each finished block is encoded as context (under its mask)
+    required_attention_backend = ATTENTION_BACKEND  # SGLang's torch_native with the canvas's masks
+    supported_attention_backends = (ATTENTION_BACKEND,)
+    _budgets: dict[str, int] = {}  # request id -> max_new_tokens, recorded when SGLang admits the request
 
     def __init__(self, config):
         super().__init__(config)
-        settings = config.algorithm_config
-        self.rule = SlotRule(
-            mask_id=config.mask_id,
-            token_threshold=float(settings["token_threshold"]),
-            eos_ids=frozenset(settings["eos_token_ids"]),
-            never_drafted=tuple(settings["never_drafted"]),
-        )
-        self._never = None
+        settings = dict(config.algorithm_config)
+        self.block = settings.pop("decoder_block_size")
+        self.knobs = settings.pop("knobs")
+        self.eos_token_ids = settings.pop("eos_token_ids")
+        self.never_drafted = settings.pop("never_drafted")
+        self.requests: dict[str, RequestDecoding] = {}
+        self.block_masks: dict[str, torch.BoolTensor] = {}  # request id -> its last block's mask, to encode
+        self.runs = 0
+        self.units = {}
 
     @classmethod
     def configure_server_args(cls, server_args) -> None:
-        # Nothing cached across requests is keyed by what only this request's decoding decided.
+        # Nothing cached across requests is keyed by what only this request's decoding decided. (Blocks are decoded
+        # synchronously, each to its end in one scheduler round: `refusion_dllm_config` turns SGLang's FDFO off.)
         seam.declare_server_args(server_args, cls.__name__, disable_radix_cache=True, chunked_prefill_size=-1)
 
     @classmethod
     def validate_request(cls, req) -> str | None:
         params = req.sampling_params
-        if params.top_k == 1 or params.temperature < 1e-6:
-            return None
-        return (
-            "ReFusion on SGLang decodes greedily only: pass temperature=0 (sampling, with temperature "
-            f"{params.temperature} and top_k {params.top_k}, is refused rather than ignored)"
-        )
+        if not (params.top_k == 1 or params.temperature < 1e-6):
+            return (
+                "ReFusion on SGLang decodes greedily only: pass temperature=0 (sampling, with temperature "
+                f"{params.temperature} and top_k {params.top_k}, is refused rather than ignored)"
+            )
+        shaping = [name for name, neutral in UNAPPLIED_FIELDS.items() if getattr(params, name, neutral) not in neutral]
+        if shaping:
+            return (
+                f"ReFusion on SGLang does not apply {', '.join(shaping)} (its drafts are the model's argmax): leave "
+                "them unset, or serve with `refusion serve`"
+            )
+        cls._budgets[req.rid] = int(params.max_new_tokens)
+        return None
 
+    # ------------------------------------------------------------------------------------------- SGLang's loop
     def run(self, model_runner, forward_batch, algo_states=None):
-        if not forward_batch.forward_mode.is_dllm_extend():  # the context's causal encoding
+        if not forward_batch.forward_mode.is_dllm_extend():  # the context's encoding: a prompt, or a finished block
             if forward_batch.input_ids.numel() == 0:
                 return None, [], None, None, False
-            out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
+            attention = seam.attention_backend(model_runner)
+            attention.carry(self._finished_block_masks(forward_batch))
+            try:
+                out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
+            finally:
+                attention.carry(None)
             return out.logits_output, [], None, None, out.can_run_graph
-        # SGLang's loop: synchronous (every row of the batch until its block is final) or first-done-first-out
-        # (`--dllm-fdfo`, SGLang's default: one forward per scheduler round, a row's state carried between rounds)
-        return super().run(model_runner, forward_batch, algo_states)
+        return self._decode_block(model_runner, forward_batch)
 
-    def _block_start_list(self, forward_batch) -> list[int]:
-        return [0] * forward_batch.batch_size  # the canvas holds no context
+    def _finished_block_masks(self, forward_batch) -> list[torch.BoolTensor] | None:
+        """Per request of a context's encoding: its finished block's mask, causal for a prompt; None: all causal."""
+        new_lengths = forward_batch.extend_seq_lens.tolist()
+        masks, any_mask = [], False
+        for rid, new in zip(forward_batch.rids, new_lengths):
+            mask = self.block_masks.pop(rid, None)
+            if mask is not None and mask.shape[0] != new:
+                raise RuntimeError(f"request {rid}: SGLang encodes {new} tokens of a {mask.shape[0]}-token block")
+            masks.append(torch.ones(new, new, dtype=torch.bool).tril() if mask is None else mask)
+            any_mask |= mask is not None
+        return masks if any_mask else None
 
-    def max_steps(self, block_size: int) -> int:
-        return 2 * block_size + 1  # plan, verify, then at most k - 1 infill rounds of two forwards
+    def _decode_block(self, model_runner, forward_batch):
+        self.runs += 1
+        rows, width = forward_batch.batch_size, self.block_size
+        canvas_positions = forward_batch.positions.view(rows, width)
+        decodings = [
+            self._decoding(rid, int(canvas_positions[row, 0]), forward_batch.input_ids.device)
+            for row, rid in enumerate(forward_batch.rids)
+        ]
+        final = [None] * rows  # per row, the block's tokens once it is finished
 
-    def init_step_state(self, forward_batch) -> list[SlotDecoding]:
-        return [SlotDecoding() for _ in range(forward_batch.batch_size)]
+        def finished(row: int) -> bool:
+            state = decodings[row].state
+            return state.stage is Stage.DONE or state.block != decodings[row].start_block
 
-    def prepare_inputs(self, model_runner, forward_batch, states: list[SlotDecoding]) -> None:
-        # A new block's canvas comes from SGLang as placeholders: PLAN forwards the slot as mask tokens.
-        planning = [row for row, state in enumerate(states) if state.stage == PLAN]
-        if planning:
-            canvas = forward_batch.input_ids.view(len(states), self.block_size)
-            canvas[planning] = self.rule.mask_id
+        attention = seam.attention_backend(model_runner)
+        try:
+            out = self._forwards(model_runner, forward_batch, attention, decodings, final, finished)
+        finally:
+            attention.carry(None)
+        canvas = forward_batch.input_ids.view(rows, width)
+        for row in range(rows):
+            canvas[row, : self.block] = torch.tensor(final[row], dtype=canvas.dtype, device=canvas.device)
+        emitted = [canvas[row, : self.block] for row in range(rows)]
+        logits_output = out.logits_output if out is not None else None
+        return logits_output, emitted, None, None, False if out is None else out.can_run_graph
 
-    def step(self, forward_batch, full_logits, states: list[SlotDecoding]) -> list[bool]:
-        rows, k = forward_batch.batch_size, self.block_size
-        canvas = forward_batch.input_ids.view(rows, k)
-        if self._never is None or self._never.device != full_logits.device:
-            self._never = torch.tensor(self.rule.never_drafted, dtype=torch.long, device=full_logits.device)
-        scores = full_logits.view(rows, k, -1).float()  # confidences in at least float32, as generate()
-        drafts = scores.index_fill(-1, self._never, -float("inf")).argmax(-1)  # [R, k]
-        # probability of token j + 1 given the tokens up to j, for every row at once
-        next_probs = scores[:, :-1].log_softmax(-1).gather(-1, canvas[:, 1:, None]).squeeze(-1).exp()
-        passes = (next_probs > self.rule.token_threshold).tolist()
-        canvas_rows, draft_rows = canvas.tolist(), drafts.tolist()
-        for row, state in enumerate(states):
-            written = state.advance(canvas_rows[row], draft_rows[row], passes[row], self.rule)
-            if written is not None:
-                canvas[row] = torch.tensor(written, dtype=canvas.dtype, device=canvas.device)
-        return [state.stage == DONE for state in states]
+    def _forwards(self, model_runner, forward_batch, attention, decodings, final, finished):
+        """Forward every row's decoder query until each row's block is finished; returns the last forward's output."""
+        rows, width = forward_batch.batch_size, self.block_size
+        out, forwards = None, 0
+        limit = 4 * (MAX_REVISIONS + 1) * self.block + 8  # far above a block's forwards: a loop is a bug
+        while True:
+            active = [row for row in range(rows) if final[row] is None]
+            for row in active:
+                if finished(row):
+                    final[row] = self._emit(forward_batch.rids[row], decodings[row], decodings[row].start_block)
+            active = [row for row in active if final[row] is None]
+            if not active:
+                return out
+            if forwards == limit:
+                raise RuntimeError("ReFusion on SGLang: a block did not finish")
+            steps = {row: begin_step(decodings[row].state, self.units) for row in active}
+            layouts = {row: decodings[row].ledger.canvas(steps[row].fed.query, width, self.mask_id) for row in active}
+            attention.carry(self._write_canvas(forward_batch, layouts, final))
+            out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
+            forwards += 1
+            logits = out.logits_output.full_logits.view(rows, width, -1)
+            counts = [steps[row].fed.query.num_scored for row in active]
+            scored = self._scored_logits(logits, active, [layouts[row] for row in active], counts)
+            examinations = examine_steps([steps[row] for row in active], scored)
+            for row, examination in zip(active, examinations):
+                kept = finish_step(steps[row], examination)
+                decodings[row].ledger.keep(layouts[row], steps[row].fed.query, kept)
+
+    # ------------------------------------------------------------------------------------------- per request
+    def _decoding(self, rid: str, block_start: int, device) -> RequestDecoding:
+        decoding = self.requests.get(rid)
+        if decoding is None:
+            budget = self._budgets.pop(rid, None)
+            if budget is None:
+                raise RuntimeError(f"request {rid} reached ReFusion's decoding without being admitted by it")
+            prompt = torch.zeros(block_start, dtype=torch.long, device=device)  # its tokens are SGLang's context
+            settings = request_settings(self.knobs, self.eos_token_ids, budget)
+            self.units = self.units or STAGES.units(settings)
+            policy = DraftPolicy.greedy(self.never_drafted, device)
+            decoding = self.requests[rid] = RequestDecoding(SequenceState(prompt, settings, policy), None)
+        state = decoding.state
+        start = state.prompt_length + state.block * state.settings.block_size
+        if start != block_start:
+            raise RuntimeError(
+                f"request {rid}: SGLang's canvas starts at {block_start}, the decoder's block at {start}"
+            )
+        if decoding.ledger is None or decoding.ledger.block_start != start:
+            decoding.ledger = BlockLedger(start)
+        decoding.last_seen, decoding.start_block = self.runs, state.block
+        if self.runs % 64 == 0:
+            for gone in [r for r, d in self.requests.items() if self.runs - d.last_seen > IDLE_FORWARDS]:
+                del self.requests[gone]
+        return decoding
+
+    def _emit(self, rid: str, decoding: RequestDecoding, block: int) -> list[int]:
+        """The finished block's tokens (after the answer's end: its last token repeated, which SGLang's finishing
+        rule never reads past), and its mask for SGLang's encoding of it as context."""
+        state = decoding.state
+        start = block * state.settings.block_size
+        end = min(start + self.block, state.answer_length)
+        tokens = state.canvas[start:end].tolist()
+        if state.stage is Stage.DONE:
+            self.requests.pop(rid, None)
+        else:
+            self.block_masks[rid] = decoding.ledger.close(len(tokens))
+        return tokens + [tokens[-1] if tokens else self.eos_token_ids[0]] * (self.block - len(tokens))
+
+    # ------------------------------------------------------------------------------------------- one forward
+    def _write_canvas(self, forward_batch, layouts: dict[int, CanvasLayout], final: list) -> list[torch.BoolTensor]:
+        """Write each row's canvas (tokens, positions) into the batch; returns each row's mask."""
+        rows, width = forward_batch.batch_size, self.block_size
+        tokens, positions, masks = [], [], []
+        canvas_positions = forward_batch.positions.view(rows, width)
+        for row in range(rows):
+            layout = layouts.get(row)
+            if layout is None:  # a finished row rides along: its block, seeing itself only
+                block_start = int(canvas_positions[row, 0])
+                tokens += final[row] + [self.mask_id] * (width - self.block)
+                positions += [block_start] * width
+                masks.append(torch.eye(width, dtype=torch.bool))
+            else:
+                tokens += layout.tokens
+                positions += layout.positions
+                masks.append(layout.mask)
+        device = forward_batch.input_ids.device
+        forward_batch.input_ids.copy_(torch.tensor(tokens, dtype=forward_batch.input_ids.dtype, device=device))
+        forward_batch.positions.copy_(torch.tensor(positions, dtype=forward_batch.positions.dtype, device=device))
+        return masks
+
+    @staticmethod
+    def _scored_logits(logits: torch.Tensor, rows: list[int], layouts: list[CanvasLayout], counts: list[int]):
+        """[R, S, V]: each active row's scored tokens' logits (row r's first `counts[r]`), one gather from the
+        forward's logits [rows, W, V]; shorter rows repeat their last."""
+        width = max(counts)
+        columns = [
+            [layout.scored_start + min(j, count - 1) for j in range(width)] for layout, count in zip(layouts, counts)
+        ]
+        index = torch.tensor(columns, device=logits.device)
+        return logits[torch.tensor(rows, device=logits.device)[:, None], index]
 
 
 Algorithm = ReFusion  # the name SGLang's own algorithm modules export

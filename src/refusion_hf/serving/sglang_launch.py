@@ -7,10 +7,12 @@ parallelism).
 Every `refusion serve` flag is either given SGLang's flag of the same meaning (`sglang_arguments`; the table is in
 docs/serving.md) or refused by name (`REFUSED`); SGLang's other flags go through `--engine-args="..."` unchanged
 (after ours: the last wins). On a machine without a GPU the CPU arguments are added (`SGLANG_USE_CPU_ENGINE=1`,
-`--device cpu`, the `torch_native` attention backend, no CUDA graphs, a KV pool of the context length's tokens per
-running request and a small `--mem-fraction-static`: on CPU SGLang sizes its pool from the machine's free RAM). The
-decoding settings are checked here, before SGLang starts, so a configuration SGLang cannot decode exactly is one
-line naming it rather than a traceback from SGLang's scheduler process.
+`--device cpu`, the plugin's attention backend (SGLang's `torch_native` with ReFusion's masks), no CUDA graphs, a
+KV pool of the context length's tokens per running request and a small `--mem-fraction-static`: on CPU SGLang sizes
+its pool from the machine's free RAM). The
+decoding settings are checked here, before SGLang starts, so a setting the plugin cannot honour (an unknown one, a
+block that is not a whole number of slots, a logits constraint in the checkpoint's generation config) is one line
+naming it rather than a traceback from SGLang's scheduler process.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shlex
 
 from ..command_inputs import CommandError
 from ..generation.refusion_generate import DEFAULT_BATCH_ROWS
+from .sglang_names import ATTENTION_BACKEND
 
 INSTALL_HINT = "`make sglang` (CPU only: .venv-sglang/bin/refusion) or pip install -e '.[sglang,serving]' (a GPU)"
 CPU_MEM_FRACTION = 0.05  # SGLang's --mem-fraction-static on CPU, where its KV budget is drawn from the free RAM
@@ -94,7 +97,7 @@ def device_arguments(device: str, gpu: bool, kv_tokens: int) -> list[str]:
     if device == "auto":
         device = "cuda" if gpu else "cpu"
     if device == "cpu":
-        return ["--device", "cpu", "--attention-backend", "torch_native", "--disable-prefill-cuda-graph",
+        return ["--device", "cpu", "--attention-backend", ATTENTION_BACKEND, "--disable-prefill-cuda-graph",
                 "--disable-decode-cuda-graph", "--mem-fraction-static", str(CPU_MEM_FRACTION),
                 "--max-total-tokens", str(kv_tokens)]  # fmt: skip
     if device == "cuda":

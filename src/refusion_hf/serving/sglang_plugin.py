@@ -11,7 +11,11 @@ It makes `--dllm-algorithm ReFusion` decode ReFusion checkpoints of both layouts
 SGLang's architecture table (`DLLM_PARAMS`) is a local of `DllmConfig.from_server_args`; the plugin wraps that
 function so that, for `--dllm-algorithm ReFusion` only, the diffusion config comes from the checkpoint: the mask token
 from `config.json`, the decoding settings from `generation_config.json` (ReFusion's knobs,
-`refusion_hf.generation.RefusionGenerationConfig`), overridden by `--dllm-algorithm-config FILE.yaml`.
+`refusion_hf.generation.RefusionGenerationConfig`), overridden by `--dllm-algorithm-config FILE.yaml`. Its block
+size is SGLang's canvas: `CANVAS_BLOCKS` decoder blocks (a block's cache entries and one query; `sglang_algorithm.py`).
+
+It also registers the attention backend the algorithm requires, `ATTENTION_BACKEND` (SGLang's `torch_native` with
+per-request masks, `sglang_attention.py`), through SGLang's attention registry.
 """
 
 from __future__ import annotations
@@ -19,11 +23,23 @@ from __future__ import annotations
 import logging
 
 from refusion_hf._compat import sglang as seam
+from refusion_hf.serving.sglang_names import ALGORITHM, ATTENTION_BACKEND
 
 logger = logging.getLogger(__name__)
 
-ALGORITHM = "ReFusion"
 SETTINGS = ("slot_size", "block_size", "token_threshold", "slot_threshold", "remask_threshold", "plan_ahead")
+# generate()'s logits constraints (transformers' processors, `DraftPolicy`) read from a checkpoint's generation config,
+# with their neutral values: ReFusion on SGLang drafts greedily without them, so a checkpoint setting one is refused.
+UNAPPLIED_CONSTRAINTS = {
+    "suppress_tokens": (None, []),
+    "begin_suppress_tokens": (None, []),
+    "bad_words_ids": (None, []),
+    "sequence_bias": (None, {}, []),
+    "min_new_tokens": (None, 0),
+    "min_length": (None, 0),
+    "renormalize_logits": (None, False),
+    "remove_invalid_values": (None, False),
+}
 
 
 def register() -> None:
@@ -31,11 +47,13 @@ def register() -> None:
     from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 
     import refusion_hf  # noqa: F401  (registers `RefusionConfig` with AutoConfig)
+    from refusion_hf.serving import sglang_attention
     from refusion_hf.serving.sglang_algorithm import ReFusion
 
     if not seam.installed_version_supported():
         logger.warning("refusion_hf's SGLang plugin was written for sglang %s", ",".join(seam.SUPPORTED_VERSIONS))
     seam.add_algorithm(ReFusion)
+    seam.add_attention_backend(ATTENTION_BACKEND, sglang_attention.create)
     seam.add_model_architecture("RefusionForCausalLM", _with_full_logits("RefusionForCausalLM", Qwen3ForCausalLM))
     # The official layout declares stock Qwen3: SGLang's Qwen3 class, returning every canvas position's logits on
     # SGLang's diffusion path (`return_full_logits` is read there only; autoregressive decoding is unchanged).
@@ -87,25 +105,22 @@ def refusion_settings(model_path: str, overrides: dict) -> dict:
         if getattr(config, name, None) is None and default is not None:
             setattr(config, name, default)
     knobs = decoding_knob_values(config)  # block_size unset: derived from slot_size, as generate() does
-    slot, block = knobs["slot_size"], knobs["block_size"]
-    if block != slot:
+    if knobs["block_size"] % knobs["slot_size"]:
+        raise ValueError(f"block_size {knobs['block_size']} is not a multiple of slot_size {knobs['slot_size']}")
+    shaping = [name for name, neutral in UNAPPLIED_CONSTRAINTS.items() if getattr(config, name, neutral) not in neutral]
+    if shaping:
         raise ValueError(
-            f"block_size {block} with slot_size {slot}: SGLang's canvas runs ReFusion exactly only with one slot per "
-            f"block (several slots are chosen out of order and verified together, which SGLang's causal re-encoding "
-            f"of the block cannot reproduce); pass --dllm-algorithm-config with `block_size: {slot}` (docs/serving.md)"
-        )
-    if config.remask_threshold is not None:
-        raise ValueError(
-            f"remask_threshold {config.remask_threshold}: sub-slot remasking is not implemented on SGLang; pass "
-            "--dllm-algorithm-config with `remask_threshold: null`"
+            f"{model_path}: its generation config sets {', '.join(shaping)}, which ReFusion on SGLang does not apply "
+            "(its drafts are the model's argmax); serve it with `refusion serve` (this package's server applies them), "
+            "or save the checkpoint without them"
         )
     eos = config.eos_token_id if config.eos_token_id is not None else model_config.eos_token_id
     eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
     special = {config.pad_token_id, config.bos_token_id} - {None} - set(eos_ids)
     return {
         "mask_id": int(config.mask_token_id),
-        "slot_size": int(slot),
-        "token_threshold": float(config.token_threshold),
+        "decoder_block_size": int(knobs["block_size"]),
+        "knobs": {**knobs, "mask_token_id": int(config.mask_token_id)},
         "eos_token_ids": [int(t) for t in eos_ids],
         "never_drafted": sorted({int(config.mask_token_id)} | {int(t) for t in special}),
     }
@@ -123,14 +138,18 @@ def refusion_dllm_config(server_args):
             overrides = yaml.safe_load(handle) or {}
         if not isinstance(overrides, dict):
             raise ValueError(f"--dllm-algorithm-config {server_args.dllm_algorithm_config}: not a YAML mapping")
+    from refusion_hf.serving.recomputed_canvas import CANVAS_BLOCKS
+
     settings = refusion_settings(server_args.model_path, overrides)
+    if settings["knobs"]["plan_ahead"]:
+        logger.info("ReFusion on SGLang: plan_ahead runs each plan as a forward of its own (the same tokens)")
     return DllmConfig(
         algorithm=ALGORITHM,
         algorithm_config=settings,
-        block_size=settings["slot_size"],
+        block_size=CANVAS_BLOCKS * settings["decoder_block_size"],  # SGLang's canvas: a block's entries + a query
         mask_id=settings["mask_id"],
         max_running_requests=server_args.max_running_requests or 1,
-        first_done_first_out_mode=bool(server_args.dllm_fdfo),
+        first_done_first_out_mode=False,  # a block is decoded to its end in one round: its canvas is wider than it
         requires_separate_context_encoding=True,
         capture_input_preparation=False,
         delete_token_id=None,
