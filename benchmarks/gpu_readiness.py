@@ -25,10 +25,11 @@ the real model's, the drafts are noise. What is measured, side by side in one pr
     torch environment): the same model saved as a ReFusion folder (with the embedded model's tokenizer: ids under the
     vocabulary) and `engine_throughput.measure_engines` on it, TP 1: ReFusion on SGLang (`refusion serve --engine
     sglang`, the folder's own decoding settings: the package's defaults), the same weights as a stock Qwen3 on SGLang
-    (autoregressive), and `generate()`, at 1, 4 and 16 concurrent requests (16 requests each, `--sglang-max-tokens` new tokens; random weights almost
-    never emit EOS, so every answer runs to the limit). The model leaves the GPU first (the servers need its memory).
-    TP 2 needs two GPUs and `--sglang-tp-size 2` (SGLang's `--tp-size`: each server shards the weights over both;
-    `generate()` stays on one GPU). Not yet run on a GPU (no device lent since it was written).
+    (autoregressive), and `generate()`, at 1, 4 and 16 concurrent requests (16 requests each, `--sglang-max-tokens` new
+    tokens; random weights almost never emit EOS, so every answer runs to the limit). The model leaves the GPU first
+    (the servers need its memory). TP 2 needs two GPUs and `--sglang-tp-size 2` (SGLang's `--tp-size`: each server
+    shards the weights over both; `generate()` stays on one GPU). Not yet run on a GPU (no device lent since it was
+    written).
 
     python benchmarks/gpu_readiness.py     # CUDA, 8B shape: all four sections took over 7.5 minutes on one H200
     python benchmarks/gpu_readiness.py --sections sglang_engines   # 8B shape, one GPU; SGLang installed
