@@ -263,8 +263,8 @@ def measure_engines(model_dir: str, args) -> dict:
     return {"settings": settings, "results": results, "ratios": ratios}
 
 
-def check_held_out(model_dir: str, args) -> dict:
-    """The held-out check (module docstring): per tier, answers equal and forward passes."""
+def check_held_out(model_dir: str, args) -> list[dict]:
+    """The held-out check (module docstring): a row per tier, answers equal and forward passes."""
     import torch
 
     from refusion_hf import RefusionForCausalLM
@@ -293,20 +293,23 @@ def check_held_out(model_dir: str, args) -> dict:
                 sglang_forwards[tier] += alone.num_forward_passes + blocks
     del model
     rows = max(args.concurrency)
-    check = {"seed": args.check_seed, "problems_per_tier": args.check_problems, "concurrency": rows, "tiers": {}}
+    check = []
     with tempfile.TemporaryDirectory(prefix="engine-check-") as scratch:
         port = free_port()
         command, env = server_command("refusion-sglang", model_dir, port, rows, args, Path(scratch))
         with running(command, port, Path(scratch) / "check.log", env) as url:
             for tier, tier_prompts in prompts.items():
                 answers = client_load(url, tier_prompts, rows, args.max_tokens)["answers"]
-                check["tiers"][tier] = {
-                    "answers_equal_to_generate": sum(a == b for a, b in zip(answers, expected[tier], strict=True)),
+                check.append({
+                    "tier": tier,
+                    "seed": args.check_seed,
                     "problems": len(tier_prompts),
+                    "answers_equal_to_generate": sum(a == b for a, b in zip(answers, expected[tier], strict=True)),
                     "generate_forwards": forwards[tier],
                     "sglang_forwards": sglang_forwards[tier],
                     "forwards_ratio": round(sglang_forwards[tier] / forwards[tier], 3),
-                }
+                    "concurrency": rows,
+                })  # fmt: skip
     return check
 
 

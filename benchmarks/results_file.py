@@ -127,6 +127,11 @@ class Claim:
     rerun: str
 
 
+ENGINE_RUN = (
+    "python benchmarks/engine_throughput.py --check-problems 500 --check-seed 550001 "
+    "--out benchmarks/results/engine_throughput_cpu.json"
+)
+
 CLAIMS = (
     Claim(
         "Forward passes against the authors' decoder",
@@ -166,13 +171,25 @@ CLAIMS = (
         "engine_throughput_cpu.json",
         "results",
         "Tokens/s of three engines side by side in one run, on this CPU: ReFusion on SGLang (`refusion serve --engine "
-        "sglang`, slot = block = 8, the configuration SGLang decodes exactly), the same weights saved as a stock "
-        "Qwen3 and decoded autoregressively by SGLang, and this package's `generate()` / `generate_batch()`; 96 "
-        "greedy chat requests at 1, 4 and 16 at once; ReFusion on SGLang's answers checked equal to `generate()`'s "
-        "(`answers_equal_to_generate`). The JSON's `ratios` divide the engines' tokens/s. A 3M-parameter model: "
-        "SGLang's scheduling between its processes, not the forwards, sets its speed here. Run it with the python of "
-        "SGLang's environment (`make sglang`: .venv-sglang/bin/python).",
-        "python benchmarks/engine_throughput.py --out benchmarks/results/engine_throughput_cpu.json",
+        "sglang`, the embedded model's installed decoding: block 16, two slots of 8, remasking 0.1), the same weights "
+        "saved as a stock Qwen3 and decoded autoregressively by SGLang, and this package's `generate()` / "
+        "`generate_batch()` in the same decoding; 96 greedy chat requests at 1, 4 and 16 at once; ReFusion on "
+        "SGLang's answers checked equal to `generate()`'s (`answers_equal_to_generate`). The JSON's `ratios` divide "
+        "the engines' tokens/s. A 3M-parameter model: SGLang's scheduling between its processes and the canvas's "
+        "recomputation, not the model, set its speed here. Run it with the python of SGLang's environment (`make "
+        "sglang`: .venv-sglang/bin/python).",
+        ENGINE_RUN,
+    ),
+    Claim(
+        "ReFusion on SGLang: the held-out check",
+        "engine_throughput_cpu.json",
+        "check",
+        "The same run's check on problems of both tiers at a seed outside benchmarks/decision_seeds.json: each "
+        "answer of ReFusion on SGLang (all sent at once) against `generate()`'s alone, token for token "
+        "(`answers_equal_to_generate`: equal answers mean equal accuracy, so SGLang's decoding costs no accuracy "
+        "where they all are), and the forward passes: `generate()`'s (planning ahead) and SGLang's (the same "
+        "decoder without planning ahead, plus SGLang's encoding of the prompt and of each finished block).",
+        ENGINE_RUN,
     ),
     Claim(
         "Evidence on seeds nothing was chosen on: the installed decoding, standard tier",
@@ -315,6 +332,7 @@ def render_page() -> str:
         "",
         "The tools: `decoding_speed.py` (against autoregressive decoding, the authors' decoder or a commit), "
         "`long_context.py` (long prompts, through `generate()` or `refusion serve`), `serve_load.py` (serving), "
+        "`engine_throughput.py` (ReFusion on SGLang beside stock Qwen3 on SGLang and `generate()`), "
         "`accuracy_speed.py` (accuracy and speed beside the AR baseline: the evidence, the frontier of decoding "
         "settings, the decoding choice), `train_default_model.py` (the model recipe), `gpu_readiness.py` (the GPU "
         "run). Each one's docstring (`--help`) gives its flags.",

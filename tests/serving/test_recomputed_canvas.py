@@ -17,7 +17,7 @@ from refusion_hf import RefusionForCausalLM
 from refusion_hf.generation.draft_policy import DraftPolicy
 from refusion_hf.generation.sequence_state import Kept, Query, SequenceState, Stage
 from refusion_hf.generation.stages import STAGES, begin_step, examine_steps, finish_step
-from refusion_hf.serving.recomputed_canvas import CANVAS_BLOCKS, BlockLedger, request_settings
+from refusion_hf.serving.recomputed_canvas import CANVAS_BLOCKS, BlockLedger, context_mask, request_settings
 from refusion_hf.serving.sglang_plugin import refusion_settings
 from tests.oracle import FIXTURE, expected, load_cases, mismatch
 from tests.serving.sglang_golden import GOLDEN, embedded_model_path
@@ -168,3 +168,17 @@ def test_a_kept_token_that_saw_a_dropped_one_is_refused():
     layout = ledger.canvas(fed, 8, 99)
     with pytest.raises(RuntimeError, match="not kept"):
         ledger.keep(layout, fed, Kept(0, ((1, 1, 0),)))
+
+
+def test_the_context_mask_puts_each_finished_block_under_its_own_mask():
+    """One block encoded (the usual case), and a request's whole answer encoded again (an engine that dropped its KV):
+    the prompt causal, each block under its mask, later blocks seeing all of earlier ones."""
+    first = torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)  # two tokens that never saw each other
+    second = torch.tensor([[1, 1], [0, 1]], dtype=torch.bool)  # the first saw the second (written before it)
+    assert torch.equal(context_mask(3, [first, second], 5, 2), second)
+    whole = context_mask(3, [first, second], 0, 7)
+    assert torch.equal(whole[:3, :3], causal(3))
+    assert torch.equal(whole[3:5, 3:5], first) and torch.equal(whole[5:, 5:], second)
+    assert whole[5:, :5].all() and not whole[:5, 5:].any()
+    with pytest.raises(RuntimeError, match="part of a finished block"):
+        context_mask(3, [first, second], 4, 3)

@@ -87,6 +87,6 @@ def test_a_tiny_run_of_all_three_engines(tmp_path):
     pairs = {f"refusion-sglang/{base}@{c}" for base in ("qwen3-sglang", "generate") for c in (1, 2)}
     assert set(written["ratios"]) == pairs
     assert written["settings"]["decoding"] == "installed"
-    check = written["check"]["tiers"]["standard"]
-    assert (check["answers_equal_to_generate"], check["problems"]) == (2, 2)
+    (check,) = written["check"]
+    assert (check["tier"], check["answers_equal_to_generate"], check["problems"]) == ("standard", 2, 2)
     assert check["sglang_forwards"] > check["generate_forwards"] > 0

@@ -162,6 +162,26 @@ class BlockLedger:
         return mask
 
 
+def context_mask(prompt_length: int, blocks: list[torch.BoolTensor], start: int, count: int) -> torch.BoolTensor:
+    """[count, count] what each token at positions `start` .. `start + count - 1` sees of the others when an engine
+    encodes them as context (their KV is then what the decoder keeps): the prompt causally, each finished block under
+    its `BlockLedger.close` mask (`blocks`, in order, the answer's first blocks from `prompt_length` on), every token
+    of a later block all of an earlier one. Usually one block; several after an engine dropped and re-encodes a
+    request's KV."""
+    mask = torch.ones(count, count, dtype=torch.bool).tril()
+    block_start = prompt_length
+    for block in blocks:
+        block_end = block_start + block.shape[0]
+        low, high = max(block_start, start), min(block_end, start + count)
+        if low < high:
+            if (low, high) != (block_start, block_end):
+                raise RuntimeError(f"positions {start}..{start + count - 1} encode part of a finished block")
+            i = low - start
+            mask[i : i + block.shape[0], i : i + block.shape[0]] = block
+        block_start = block_end
+    return mask
+
+
 def request_settings(knobs: dict, eos_token_ids: list[int], max_new_tokens: int) -> DecodingSettings:
     """The decoder's settings for one request of `max_new_tokens`, from the checkpoint's resolved knobs (as
     `refusion_generate.decoding_settings` makes them), planning ahead off: the next plan is a forward of its own

@@ -24,12 +24,14 @@ How a decoder forward maps onto SGLang (docs/serving.md, "ReFusion on SGLang"):
   the decoder keeps for them.
 * Planning ahead (`plan_ahead`) is off here: the next plan runs as its own forward (same tokens, more forwards).
 
-Greedy only: a request with `temperature > 0` is refused with a message naming it.
+Greedy only: a request with `temperature > 0` is refused with a message naming it, and so is a request field that
+would shape the drafts (`UNAPPLIED_FIELDS`). A request whose KV SGLang dropped and re-encodes (a retraction) gets its
+whole answer encoded under the finished blocks' masks (`context_mask`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
@@ -38,7 +40,7 @@ from refusion_hf._compat import sglang as seam
 from refusion_hf.generation.draft_policy import DraftPolicy
 from refusion_hf.generation.sequence_state import MAX_REVISIONS, SequenceState, Stage
 from refusion_hf.generation.stages import STAGES, begin_step, examine_steps, finish_step
-from refusion_hf.serving.recomputed_canvas import BlockLedger, CanvasLayout, request_settings
+from refusion_hf.serving.recomputed_canvas import BlockLedger, CanvasLayout, context_mask, request_settings
 from refusion_hf.serving.sglang_names import ATTENTION_BACKEND
 
 # Request fields that would shape the drafts, with their neutral values: refused by name rather than ignored (stop
@@ -55,6 +57,7 @@ UNAPPLIED_FIELDS = {
     "structural_tag": (None,),
 }
 IDLE_FORWARDS = 4096  # a request's decoding state unseen for this many runs is dropped (the request was aborted)
+MAX_ADMITTED = 65536  # admitted requests' budgets kept until they decode
 
 
 @dataclass
@@ -65,6 +68,7 @@ class RequestDecoding:
     ledger: BlockLedger | None
     start_block: int = 0  # the block this run decodes
     last_seen: int = 0
+    finished_blocks: list[torch.BoolTensor] = field(default_factory=list)  # each one's `BlockLedger.close` mask
 
 
 class ReFusion(DllmAlgorithm):
@@ -83,7 +87,6 @@ class ReFusion(DllmAlgorithm):
         self.eos_token_ids = settings.pop("eos_token_ids")
         self.never_drafted = settings.pop("never_drafted")
         self.requests: dict[str, RequestDecoding] = {}
-        self.block_masks: dict[str, torch.BoolTensor] = {}  # request id -> its last block's mask, to encode
         self.runs = 0
         self.units = {}
 
@@ -107,6 +110,8 @@ class ReFusion(DllmAlgorithm):
                 f"ReFusion on SGLang does not apply {', '.join(shaping)} (its drafts are the model's argmax): leave "
                 "them unset, or serve with `refusion serve`"
             )
+        if len(cls._budgets) >= MAX_ADMITTED:  # requests aborted before they decoded: forget the oldest
+            del cls._budgets[next(iter(cls._budgets))]
         cls._budgets[req.rid] = int(params.max_new_tokens)
         return None
 
@@ -125,15 +130,19 @@ class ReFusion(DllmAlgorithm):
         return self._decode_block(model_runner, forward_batch)
 
     def _finished_block_masks(self, forward_batch) -> list[torch.BoolTensor] | None:
-        """Per request of a context's encoding: its finished block's mask, causal for a prompt; None: all causal."""
+        """Per request of a context's encoding: what each new token sees of the others (`context_mask`: a finished
+        block under its mask, a prompt causally); None when every request's is causal."""
         new_lengths = forward_batch.extend_seq_lens.tolist()
+        starts = forward_batch.extend_prefix_lens.tolist()
         masks, any_mask = [], False
-        for rid, new in zip(forward_batch.rids, new_lengths):
-            mask = self.block_masks.pop(rid, None)
-            if mask is not None and mask.shape[0] != new:
-                raise RuntimeError(f"request {rid}: SGLang encodes {new} tokens of a {mask.shape[0]}-token block")
-            masks.append(torch.ones(new, new, dtype=torch.bool).tril() if mask is None else mask)
-            any_mask |= mask is not None
+        for rid, start, new in zip(forward_batch.rids, starts, new_lengths):
+            decoding = self.requests.get(rid)
+            if decoding is None or not decoding.finished_blocks:  # a prompt (its decoding starts after it)
+                masks.append(torch.ones(new, new, dtype=torch.bool).tril())
+                continue
+            prompt = decoding.state.prompt_length
+            masks.append(context_mask(prompt, decoding.finished_blocks, start, new))
+            any_mask = True
         return masks if any_mask else None
 
     def _decode_block(self, model_runner, forward_batch):
@@ -221,12 +230,12 @@ class ReFusion(DllmAlgorithm):
         rule never reads past), and its mask for SGLang's encoding of it as context."""
         state = decoding.state
         start = block * state.settings.block_size
-        end = min(start + self.block, state.answer_length)
+        end = min(start + state.settings.block_size, state.answer_length)
         tokens = state.canvas[start:end].tolist()
         if state.stage is Stage.DONE:
             self.requests.pop(rid, None)
         else:
-            self.block_masks[rid] = decoding.ledger.close(len(tokens))
+            decoding.finished_blocks.append(decoding.ledger.close(len(tokens)))
         return tokens + [tokens[-1] if tokens else self.eos_token_ids[0]] * (self.block - len(tokens))
 
     # ------------------------------------------------------------------------------------------- one forward
