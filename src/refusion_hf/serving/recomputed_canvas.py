@@ -147,12 +147,17 @@ class BlockLedger:
                 if entry.position >= kept.invalidate_from:
                     del self.entries[entry_id]
 
-    def close(self, length: int) -> torch.BoolTensor:
+    def close(self, length: int, refed: list[int] | None = None) -> torch.BoolTensor:
         """The block is final: [length, length] what each of its first `length` tokens (position order) saw of the
-        others, for SGLang's encoding of the block as context."""
+        others, for its encoding as context. `refed`: the positions the decoder feeds again as the next forward's
+        context (a revision dropped every entry of the block, then closed it: `SequenceState._remask`); that forward
+        computes them causally in position order, so their mask is causal."""
+        block = list(range(self.block_start, self.block_start + length))
+        if not self.entries and refed == block:
+            return torch.ones(length, length, dtype=torch.bool).tril()
         by_position = {entry.position: entry_id for entry_id, entry in self.entries.items() if entry.tag is None}
-        order = [by_position.get(self.block_start + j) for j in range(length)]
-        if None in order or len(by_position) != len(self.entries):
+        order = [by_position.get(position) for position in block]
+        if None in order or len(by_position) != len(self.entries) or refed:
             raise RuntimeError("a finished block's cache entries do not cover its tokens once each")
         column = {entry_id: j for j, entry_id in enumerate(order)}
         mask = torch.eye(length, dtype=torch.bool)

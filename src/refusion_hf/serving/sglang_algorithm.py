@@ -235,7 +235,8 @@ class ReFusion(DllmAlgorithm):
         if state.stage is Stage.DONE:
             self.requests.pop(rid, None)
         else:
-            decoding.finished_blocks.append(decoding.ledger.close(len(tokens)))
+            refed = None if state.context is None else state.context_positions.tolist()
+            decoding.finished_blocks.append(decoding.ledger.close(len(tokens), refed))
         return tokens + [tokens[-1] if tokens else self.eos_token_ids[0]] * (self.block - len(tokens))
 
     # ------------------------------------------------------------------------------------------- one forward
