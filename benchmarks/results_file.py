@@ -128,7 +128,7 @@ class Claim:
 
 
 ENGINE_RUN = (
-    "python benchmarks/engine_throughput.py --check-problems 500 --check-seed 550001 "
+    "python benchmarks/engine_throughput.py --check-problems 500 --check-seed 550002 "
     "--out benchmarks/results/engine_throughput_cpu.json"
 )
 

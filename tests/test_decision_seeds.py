@@ -2,8 +2,10 @@
 synthetic suite that informed a decision; every committed results JSON that ran on a seed ran on a listed one
 (tuning, judging, training), except the reported comparisons (`benchmarks/results/evidence_*.json`), which ran on
 unlisted seeds, checked by `refusion eval --decision-seeds` (benchmarks/accuracy_speed.py keeps each run's full
-eval results under "evaluations"), with at least 500 problems and a paired interval; and
-the seeds README's evidence paragraph and benchmarks/README's evidence section quote are unlisted."""
+eval results under "evaluations"), with at least 500 problems and a paired interval, and the held-out checks
+(rows marked `"held_out": true`: benchmarks/engine_throughput.py's check of ReFusion on SGLang against generate(),
+whose `--check-seed` it refuses when listed), which ran on unlisted seeds too; and the seeds README's evidence
+paragraph and benchmarks/README's evidence section quote are unlisted."""
 
 import json
 import re
@@ -25,17 +27,22 @@ def decision_seeds() -> set[int]:
     return set(seeds)
 
 
-def seeds_in(value, key=None) -> set[int]:
-    """Integer seeds under keys named seed / seeds / *_seeds / validation_seed, anywhere in a JSON value."""
+def seeds_in(value, key=None, held_out=False) -> set[int]:
+    """Integer seeds under keys named seed / seeds / *_seeds / validation_seed, anywhere in a JSON value: outside
+    held-out rows (`"held_out": true`), or only in them (`held_out`)."""
     found = set()
     if isinstance(value, dict):
+        if value.get("held_out") is True and not held_out:
+            return found
+        if held_out and value.get("held_out") is not True:
+            return set().union(*(seeds_in(item, name, held_out) for name, item in value.items()))
         for name, item in value.items():
             if SEED_KEYS.match(name):
                 found |= {s for s in (item if isinstance(item, list) else [item]) if type(s) is int}
-            found |= seeds_in(item, name)
+            found |= seeds_in(item, name, held_out)
     elif isinstance(value, list):
         for item in value:
-            found |= seeds_in(item, key)
+            found |= seeds_in(item, key, held_out)
     return found
 
 
@@ -50,6 +57,22 @@ def test_every_seed_a_committed_result_was_chosen_on_is_listed():
             continue
         unlisted = seeds_in(json.loads(path.read_text())) - listed
         assert not unlisted, f"{path.name} ran on seeds {sorted(unlisted)} that benchmarks/decision_seeds.json lacks"
+
+
+def test_held_out_checks_ran_on_unlisted_seeds():
+    listed = decision_seeds()
+    checked = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        held_out = seeds_in(json.loads(path.read_text()), held_out=True)
+        assert not held_out & listed, f"{path.name}: a held-out check ran on decision seeds {sorted(held_out & listed)}"
+        checked[path.name] = held_out
+    assert checked["engine_throughput_cpu.json"], "the SGLang check is marked held out, with its seed"
+
+
+def test_seeds_in_tells_held_out_rows_apart():
+    result = {"seed": 0, "check": [{"held_out": True, "seed": 9, "tier": "hard"}], "rows": [{"seeds": [1, 2]}]}
+    assert seeds_in(result) == {0, 1, 2}
+    assert seeds_in(result, held_out=True) == {9}
 
 
 def evaluations() -> list[tuple[str, dict]]:
