@@ -55,11 +55,6 @@ PRIVATE_MEMBERS = (
         "forward_extend",
         "(self, q, k, v, layer, forward_batch, save_kv_cache)",
     ),
-    (
-        "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend",
-        "init_forward_metadata",
-        "(self, forward_batch)",
-    ),
     ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "token_to_kv_pool", SET_BY_OWNER),
     ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "req_to_token_pool", SET_BY_OWNER),
     ("sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend", "swa_out_cache_loc", SET_BY_OWNER),
