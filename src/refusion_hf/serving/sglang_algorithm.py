@@ -82,13 +82,14 @@ class ReFusion(DllmAlgorithm):
     def __init__(self, config):
         super().__init__(config)
         settings = dict(config.algorithm_config)
-        self.block = settings.pop("decoder_block_size")
         self.knobs = settings.pop("knobs")
+        self.block = self.knobs["block_size"]
         self.eos_token_ids = settings.pop("eos_token_ids")
         self.never_drafted = settings.pop("never_drafted")
         self.requests: dict[str, RequestDecoding] = {}
         self.runs = 0
-        self.units = {}
+        # the unit serving each stage: the same for every request (its knobs; only its length differs)
+        self.units = STAGES.units(request_settings(self.knobs, self.eos_token_ids, self.block))
 
     @classmethod
     def configure_server_args(cls, server_args) -> None:
@@ -208,7 +209,6 @@ class ReFusion(DllmAlgorithm):
                 raise RuntimeError(f"request {rid} reached ReFusion's decoding without being admitted by it")
             prompt = torch.zeros(block_start, dtype=torch.long, device=device)  # its tokens are SGLang's context
             settings = request_settings(self.knobs, self.eos_token_ids, budget)
-            self.units = self.units or STAGES.units(settings)
             policy = DraftPolicy.greedy(self.never_drafted, device)
             decoding = self.requests[rid] = RequestDecoding(SequenceState(prompt, settings, policy), None)
         state = decoding.state

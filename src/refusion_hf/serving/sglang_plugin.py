@@ -119,8 +119,7 @@ def refusion_settings(model_path: str, overrides: dict) -> dict:
     special = {config.pad_token_id, config.bos_token_id} - {None} - set(eos_ids)
     return {
         "mask_id": int(config.mask_token_id),
-        "decoder_block_size": int(knobs["block_size"]),
-        "knobs": {**knobs, "mask_token_id": int(config.mask_token_id)},
+        "knobs": knobs,
         "eos_token_ids": [int(t) for t in eos_ids],
         "never_drafted": sorted({int(config.mask_token_id)} | {int(t) for t in special}),
     }
@@ -143,10 +142,12 @@ def refusion_dllm_config(server_args):
     settings = refusion_settings(server_args.model_path, overrides)
     if settings["knobs"]["plan_ahead"]:
         logger.info("ReFusion on SGLang: plan_ahead runs each plan as a forward of its own (the same tokens)")
+    if server_args.dllm_fdfo:
+        logger.info("ReFusion on SGLang: blocks are decoded synchronously (--dllm-fdfo does not apply)")
     return DllmConfig(
         algorithm=ALGORITHM,
         algorithm_config=settings,
-        block_size=CANVAS_BLOCKS * settings["decoder_block_size"],  # SGLang's canvas: a block's entries + a query
+        block_size=CANVAS_BLOCKS * settings["knobs"]["block_size"],  # SGLang's canvas: a block's entries + a query
         mask_id=settings["mask_id"],
         max_running_requests=server_args.max_running_requests or 1,
         first_done_first_out_mode=False,  # a block is decoded to its end in one round: its canvas is wider than it
